@@ -1,0 +1,138 @@
+"""The checkpoint as the planner needs it: the model's shape and the weight bytes each rank holds.
+
+Everything comes from `config.json` and the shards' safetensors headers, never the tensors.
+
+Tensor-parallel split rule (what vLLM's DeepSeek-V2/GLM-MoE-DSA model builds per rank):
+- replicated on every rank: norms, the MoE router (`mlp.gate.weight`, `e_score_correction_bias`),
+  the MLA down-projections (`q_a_proj`, `kv_a_proj_with_mqa`, built as replicated linears), the
+  sparse attention indexer (`indexer.*`), and the MTP block's `eh_proj`;
+- split across the TP ranks (ceil(bytes / TP) each): everything else — attention up/out
+  projections (`q_b_proj`, `kv_b_proj`, `o_proj`), dense and shared MLPs, routed experts (EXL3
+  `trellis/suh/svh` parts included), `embed_tokens` (vocab-parallel) and `lm_head`.
+Pipeline parallelism gives each stage a contiguous block of decoder layers, split as vLLM's
+`get_pp_indices` does; embeddings sit on the first stage, the final norm, `lm_head` and the MTP
+block on the last. A rank's figure is its stage's total; the plan uses the largest rank.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .safetensors_header import HeaderError, read_header, tensor_bytes
+
+_REPLICATED = re.compile(
+    r"norm\.|norm$|_norm\b|\.mlp\.gate\.weight$|e_score_correction_bias|"
+    r"\.q_a_proj\.|\.kv_a_proj_with_mqa\.|\.indexer\.|\.eh_proj\."
+)
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parts of `config.json` that set the KV cache's size."""
+
+    num_hidden_layers: int
+    num_nextn_predict_layers: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    index_head_dim: int = 0  # 0: no sparse indexer
+
+    @classmethod
+    def from_config(cls, config: dict, source: str = "config.json") -> "ModelShape":
+        config = config.get("text_config", config)
+        missing = [k for k in ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim") if k not in config]
+        if missing:
+            raise CheckpointError(f"{source}: missing {', '.join(missing)} (not an MLA model?)")
+        return cls(
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            num_nextn_predict_layers=int(config.get("num_nextn_predict_layers", 0)),
+            kv_lora_rank=int(config["kv_lora_rank"]),
+            qk_rope_head_dim=int(config["qk_rope_head_dim"]),
+            index_head_dim=int(config.get("index_head_dim", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class WeightSplit:
+    """Bytes of weights on the fullest rank: the base model and the MTP block apart."""
+
+    per_rank_bytes: int
+    mtp_per_rank_bytes: int
+    total_bytes: int
+    shards: int
+
+
+def read_shape(model_dir: Path) -> ModelShape:
+    path = model_dir / "config.json"
+    try:
+        return ModelShape.from_config(json.loads(path.read_text()), str(path))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not JSON ({e})") from None
+
+
+def shard_paths(model_dir: Path) -> list[Path]:
+    """Shards named by the index when there is one, else every *.safetensors file."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        # Files outside the index (seed 003's separate eh_proj shard) still hold weights.
+        extra = {p.name for p in model_dir.glob("*.safetensors")} - set(names)
+        names += sorted(extra)
+    else:
+        names = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not names:
+        raise CheckpointError(f"{model_dir}: no safetensors shards")
+    return [model_dir / n for n in names]
+
+
+def split_weights(model_dir: Path, shape: ModelShape, tp: int, pp: int = 1) -> WeightSplit:
+    """Weight bytes per rank under TP×PP, from the shards' headers."""
+    stage_of_layer = _pp_stages(shape.num_hidden_layers, pp)
+    base = [0] * pp
+    mtp = [0] * pp
+    total = 0
+    paths = shard_paths(model_dir)
+    for path in paths:
+        try:
+            header = read_header(path)
+        except (OSError, HeaderError) as e:
+            raise CheckpointError(str(e)) from None
+        for name, entry in header.items():
+            size = tensor_bytes(entry)
+            total += size
+            share = size if _REPLICATED.search(name) else -(-size // tp)
+            layer = _layer_of(name)
+            if layer is not None and layer >= shape.num_hidden_layers:
+                mtp[pp - 1] += share
+            else:
+                base[_stage_of(name, layer, stage_of_layer, pp)] += share
+    worst = max(range(pp), key=lambda s: base[s] + mtp[s])
+    return WeightSplit(base[worst], mtp[worst], total, len(paths))
+
+
+def _layer_of(name: str) -> int | None:
+    match = _LAYER.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _stage_of(name: str, layer: int | None, stage_of_layer: list[int], pp: int) -> int:
+    if layer is not None:
+        return stage_of_layer[layer]
+    return 0 if "embed_tokens" in name else pp - 1
+
+
+def _pp_stages(num_layers: int, pp: int) -> list[int]:
+    """Stage index of each decoder layer, as vLLM's get_pp_indices splits them."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    return [stage for stage, n in enumerate(sizes) for _ in range(n)]

@@ -1,0 +1,153 @@
+"""The cluster config (`cluster.yaml`): the ranks, the fabric topology, the model, the profile.
+
+Found at `--config/-c`, else `$SPARKSTACK_CONFIG`, else `./cluster.yaml`. Validated strictly:
+every problem is reported with the file and the field path, unknown keys included.
+`env/cluster.example.yaml` documents each field.
+"""
+
+from __future__ import annotations
+
+import os
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
+
+from . import vllm_flags
+from .errors import ConfigError, load_yaml_model
+from .profile import PROFILES_DIR, Profile, Strict, load_profile
+
+DEFAULT_CONFIG = Path("cluster.yaml")
+
+UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+
+
+class SshSettings(Strict):
+    known_hosts: UserPath | None = None  # default: ~/.ssh/known_hosts
+    connect_timeout_s: PositiveInt = 10
+
+
+class Rank(Strict):
+    name: str | None = None
+    address: str = Field(min_length=1)
+    port: int = Field(22, ge=1, le=65535)
+    user: str = Field(min_length=1)
+    key: UserPath | None = None
+    jump: str | None = None  # "user@host:port" of a bastion
+    fabric_ips: list[IPv4Address] = []
+    sysfs_root: str = "/"  # the sandbox points the probe at fixture sysfs trees
+
+    @property
+    def label(self) -> str:
+        return self.name or self.address
+
+
+class NfsExport(Strict):
+    server: str
+    export: str
+
+
+class ModelSettings(Strict):
+    path: str
+    served_name: str | None = None  # default: the profile's
+    nfs: NfsExport | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path, the same on every rank")
+        return v
+
+
+class ImageSettings(Strict):
+    base: str | None = None  # overrides the profile's base image
+    patches_dir: UserPath | None = None
+
+
+class Overrides(Strict):
+    engine_args: list[str] = []
+    env: dict[str, str] = {}
+    headroom_gib: NonNegativeFloat = 8.0
+    runtime_overhead_gib: NonNegativeFloat = 14.0
+    api_port: int | None = Field(None, ge=1, le=65535)
+    api_key: str | None = None  # passed as VLLM_API_KEY in the container env, masked in output
+
+
+class Cluster(Strict):
+    profile: str
+    topology: Literal["switch", "ring"]
+    rendezvous: str | None = None  # address of rank 0 every rank reaches; see plan.rendezvous
+    ssh: SshSettings = SshSettings()
+    ranks: list[Rank] = Field(min_length=1)
+    model: ModelSettings
+    images: ImageSettings = ImageSettings()
+    overrides: Overrides = Overrides()
+    profiles_dir: UserPath | None = None
+
+    @model_validator(mode="after")
+    def _unique_addresses(self):
+        seen: dict[tuple[str, int], int] = {}
+        for i, rank in enumerate(self.ranks):
+            where = (rank.address, rank.port)
+            if where in seen:
+                raise ValueError(f"ranks[{i}] has the same address {rank.address}:{rank.port} "
+                                 f"as ranks[{seen[where]}]")
+            seen[where] = i
+        return self
+
+
+class Loaded(Strict):
+    """A validated config with its profile and the merged engine flags."""
+
+    path: Path
+    cluster: Cluster
+    profile: Profile
+    flags: list[vllm_flags.Flag]
+
+
+def config_path(given: str | None) -> Path:
+    return Path(given or os.environ.get("SPARKSTACK_CONFIG") or DEFAULT_CONFIG)
+
+
+def load(path: Path) -> Loaded:
+    """Read and cross-check the config and its profile; raises ConfigError listing every problem."""
+    cluster: Cluster = load_yaml_model(path, Cluster, "cluster config")
+    profile = load_profile(cluster.profile, _profiles_dir(cluster, path), f"{path}: profile")
+    flags = _engine_flags(path, cluster, profile)
+    _check_parallelism(path, cluster, flags)
+    return Loaded(path=path, cluster=cluster, profile=profile, flags=flags)
+
+
+def _profiles_dir(cluster: Cluster, path: Path) -> Path:
+    if cluster.profiles_dir is None:
+        return PROFILES_DIR
+    return cluster.profiles_dir if cluster.profiles_dir.is_absolute() else path.parent / cluster.profiles_dir
+
+
+def _engine_flags(path: Path, cluster: Cluster, profile: Profile) -> list[vllm_flags.Flag]:
+    if profile.engine != "vllm":
+        return []
+    plugin = frozenset(profile.plugin_flags)
+    try:
+        overrides = vllm_flags.parse(vllm_flags.split_lines(cluster.overrides.engine_args), plugin)
+    except (vllm_flags.FlagError, ValueError) as e:
+        raise ConfigError([f"{path}: overrides.engine_args: {e}"]) from None
+    return vllm_flags.merge(profile.flags(), overrides)
+
+
+def _check_parallelism(path: Path, cluster: Cluster, flags: list[vllm_flags.Flag]) -> None:
+    """One GPU per Spark: TP × PP must equal the number of ranks; DCP must divide TP."""
+    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
+    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
+    dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
+    problems = []
+    if tp * pp != len(cluster.ranks):
+        problems.append(f"{path}: ranks: {len(cluster.ranks)} ranks listed, but tensor parallel "
+                        f"{tp} × pipeline parallel {pp} = {tp * pp} (one GPU per rank)")
+    if tp % dcp:
+        problems.append(f"{path}: profile {cluster.profile}: decode-context-parallel {dcp} "
+                        f"does not divide tensor parallel {tp}")
+    if problems:
+        raise ConfigError(problems)

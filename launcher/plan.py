@@ -1,0 +1,243 @@
+"""The plan: per rank the environment, the `docker run` argv and the engine argv, and the KV sizing.
+
+Pure data computed from the config, the profile and (when given) what was read of the
+checkpoint and the ranks; nothing here touches a rank. Every input that had to be defaulted is
+listed in `assumed`, so a plan made without the cluster says what it took on trust.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import kv, vllm_flags
+from .checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
+from .config import Loaded, Rank
+from .errors import PlanRefused
+
+# A GB10's MemTotal (127,600,000 kB ≈ 121.7 GiB): what MemAvailable returns to once page caches
+# are dropped and nothing runs. Used only when no rank's /proc/meminfo has been read.
+GB10_MEM_AVAILABLE = 127_600_000 * 1024
+
+CONTAINER_NAME = "sparkstack-engine"
+RING_ENV = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
+FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "UCX_NET_DEVICES",
+              "GLOO_SOCKET_IFNAME")
+SECRET_ENV = ("VLLM_API_KEY",)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What is known of the checkpoint: its shape and the weights on the fullest rank."""
+
+    shape: ModelShape
+    weights: WeightSplit | None  # None: the profile's per-rank figure is used
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    host: str
+    env: dict[str, str]
+    docker_run: list[str]
+    engine: list[str]
+
+
+@dataclass
+class Plan:
+    ranks: list[RankPlan]
+    kv: kv.KvSizing | None
+    image: str
+    assumed: list[str] = field(default_factory=list)
+
+    def to_json(self, reveal_secrets: bool = False) -> dict:
+        def env(e: dict[str, str]) -> dict[str, str]:
+            return e if reveal_secrets else {k: ("***" if k in SECRET_ENV else v) for k, v in e.items()}
+
+        def argv(a: list[str]) -> list[str]:
+            return a if reveal_secrets else [_mask(t) for t in a]
+
+        sizing = self.kv
+        return {
+            "ranks": [{"rank": r.rank, "host": r.host, "env": env(r.env),
+                       "docker_run": argv(r.docker_run), "engine": r.engine} for r in self.ranks],
+            "kv": {"bytes_per_token": sizing.bytes_per_token if sizing else None,
+                   "kv_cache_memory_bytes": sizing.kv_cache_memory_bytes if sizing else None,
+                   "max_tokens": sizing.max_tokens if sizing else None},
+            "assumed": self.assumed,
+        }
+
+
+def _mask(token: str) -> str:
+    name, eq, _ = token.partition("=")
+    return f"{name}=***" if eq and name in SECRET_ENV else token
+
+
+def read_model(loaded: Loaded, tp: int, pp: int, assumed: list[str]) -> ModelFacts:
+    """The checkpoint as seen from here, else the profile's seed figures (noted in `assumed`)."""
+    model_dir = Path(loaded.cluster.model.path)
+    profile = loaded.profile
+    try:
+        shape = read_shape(model_dir)
+    except CheckpointError as e:
+        assumed.append(f"model shape: profile {profile.name}'s figures ({e})")
+        return ModelFacts(profile.shape(), None)
+    try:
+        return ModelFacts(shape, split_weights(model_dir, shape, tp, pp))
+    except CheckpointError as e:
+        assumed.append(f"weights per rank: profile {profile.name}'s figures ({e})")
+        return ModelFacts(shape, None)
+
+
+def build(loaded: Loaded, model: ModelFacts | None = None,
+          mem_available: dict[int, int] | None = None) -> Plan:
+    """The whole plan. `model` and `mem_available` (rank -> bytes) come from probes when the
+    cluster is reachable; without them the plan falls back on documented defaults."""
+    cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
+    assumed: list[str] = []
+    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
+    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
+    model = model or read_model(loaded, tp, pp, assumed)
+    sizing = _size_kv(loaded, model, mem_available or {}, assumed)
+    image = _image(loaded, assumed)
+    if profile.engine == "vllm":
+        assumed.append("fabric environment (" + ", ".join(FABRIC_ENV) + "): derived from each "
+                       "rank's sysfs once probed; not in this plan")
+    managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
+        vllm_flags.value(flags, "tensor_parallel_size") is None else []
+    if sizing and not profile.kv.engine_managed:
+        managed.append(vllm_flags.Flag("--kv-cache-memory-bytes", (str(sizing.kv_cache_memory_bytes),)))
+    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed)) for r in range(len(cluster.ranks))]
+    return Plan(ranks, sizing, image, assumed)
+
+
+def _size_kv(loaded: Loaded, model: ModelFacts, mem_available: dict[int, int],
+             assumed: list[str]) -> kv.KvSizing:
+    cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
+    mtp = _mtp_enabled(flags)
+    dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
+    if model.weights is None:
+        d = profile.defaults
+        weights = int((d.weights_per_rank_gib + (d.mtp_weights_per_rank_gib if mtp else 0)) * kv.GIB)
+        mtp_part = f" + {d.mtp_weights_per_rank_gib} GiB MTP" if mtp and d.mtp_weights_per_rank_gib else ""
+        assumed.append(f"weights per rank: {d.weights_per_rank_gib} GiB{mtp_part}"
+                       + f" from profile {profile.name} (seeds {', '.join(profile.seeds)})")
+    else:
+        weights = model.weights.per_rank_bytes + (model.weights.mtp_per_rank_bytes if mtp else 0)
+    if len(mem_available) < len(cluster.ranks):
+        assumed.append(f"MemAvailable: {kv.gib(GB10_MEM_AVAILABLE)} per rank (a GB10's MemTotal, "
+                       "caches dropped) for ranks not probed")
+    smallest = min(mem_available.get(r, GB10_MEM_AVAILABLE) for r in range(len(cluster.ranks)))
+    o = cluster.overrides
+    budget = kv.KvBudget(smallest, weights, int(o.runtime_overhead_gib * kv.GIB), int(o.headroom_gib * kv.GIB))
+    bpt = kv.bytes_per_token(model.shape, profile.kv.layout, mtp=mtp, dcp=dcp)
+    fixed = vllm_flags.value(flags, "kv_cache_memory_bytes")
+    max_len = vllm_flags.value(flags, "max_model_len")
+    try:
+        return kv.size_kv(bpt, budget, parse_human_int(max_len) if max_len else None,
+                          parse_human_int(fixed) if fixed else None)
+    except kv.KvDoesNotFit as e:
+        raise PlanRefused(f"profile {profile.name} does not fit: {e}") from None
+
+
+def _mtp_enabled(flags: list[vllm_flags.Flag]) -> bool:
+    spec = vllm_flags.value(flags, "speculative_config")
+    if not spec:
+        return False
+    try:
+        method = json.loads(spec).get("method", "")
+    except (json.JSONDecodeError, AttributeError):
+        return False
+    return "mtp" in str(method)
+
+
+def parse_human_int(text: str) -> int:
+    """vLLM's human-readable integers: 1k = 1000, 1K = 1024, 1m = 10^6, 1M = 2^20, 1g/1G alike."""
+    text = text.strip().replace("_", "")
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _image(loaded: Loaded, assumed: list[str]) -> str:
+    spec, base_override = loaded.profile.image, loaded.cluster.images.base
+    if spec.prebuilt:
+        return base_override or spec.prebuilt
+    top = spec.chain[-1] if spec.chain else "base"
+    assumed.append(f"image: sparkstack/{top}:unbuilt stands for the chain's content tag, which "
+                   "`sparkstack build` computes")
+    return f"sparkstack/{top}:unbuilt"
+
+
+def rendezvous(loaded: Loaded) -> str:
+    """An address of rank 0 every rank reaches: the config's choice; on a switch, rank 0's fabric
+    IP; in a ring (rank 0 is not every rank's neighbour) its management address."""
+    cluster = loaded.cluster
+    if cluster.rendezvous:
+        return cluster.rendezvous
+    first = cluster.ranks[0]
+    if cluster.topology == "switch" and first.fabric_ips:
+        return str(first.fabric_ips[0])
+    return first.address
+
+
+def _host_ip(loaded: Loaded, rank: Rank) -> str:
+    """The rank's own address on the network the rendezvous uses."""
+    if loaded.cluster.topology == "switch" and rank.fabric_ips and not loaded.cluster.rendezvous:
+        return str(rank.fabric_ips[0])
+    return rank.address
+
+
+def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag]) -> RankPlan:
+    env = _rank_env(loaded, r)
+    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, env), _engine_argv(loaded, r, flags))
+
+
+def _rank_env(loaded: Loaded, r: int) -> dict[str, str]:
+    cluster, profile = loaded.cluster, loaded.profile
+    env = dict(profile.env)
+    if cluster.topology == "ring":
+        env.update(RING_ENV)
+    if profile.engine == "vllm":
+        env["VLLM_HOST_IP"] = _host_ip(loaded, cluster.ranks[r])
+    else:  # TensorFold's launcher reads the node list and model dir (seed 001's one-shot.sh)
+        env["NODES"] = " ".join(rank.address for rank in cluster.ranks)
+        env["MODEL"] = cluster.model.path
+    env.update(cluster.overrides.env)
+    if cluster.overrides.api_key:
+        env["VLLM_API_KEY"] = cluster.overrides.api_key
+    return env
+
+
+def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list[str]:
+    """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
+    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path."""
+    model = loaded.cluster.model.path
+    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME,
+            "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", "16g",
+            "--ulimit", "nofile=1048576:1048576", "--ulimit", "memlock=-1:-1",
+            "--device", "/dev/infiniband",
+            "-v", f"{model}:{model}:ro",
+            "--label", f"org.sparkstack.profile={loaded.profile.name}",
+            "--label", f"org.sparkstack.rank={r}"]
+    for key in sorted(env):
+        argv += ["-e", f"{key}={env[key]}"]
+    return argv + [image, *loaded.profile.command]
+
+
+def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag]) -> list[str]:
+    cluster, profile = loaded.cluster, loaded.profile
+    if profile.engine != "vllm":
+        return []  # the prebuilt image's entrypoint is the engine; it reads its env knobs
+    F = vllm_flags.Flag
+    served = cluster.model.served_name or profile.served_name
+    port = cluster.overrides.api_port or profile.api_port
+    managed = [F("--served-model-name", (served,)), F("--port", (str(port),))]
+    if len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
+        managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
+                    F("--master-addr", (rendezvous(loaded),))]
+        if r > 0:
+            managed.append(F("--headless"))
+    return [cluster.model.path, *vllm_flags.render(vllm_flags.merge(flags, managed))]

@@ -1,0 +1,106 @@
+"""Serving profiles (`env/profiles/<name>.yaml`): one recipe from the seeds each.
+
+A profile holds the image (a chain of patch stages over a base, or a prebuilt image), the engine
+and its arguments (written exactly as the seeds give them, one flag per line in shell quoting),
+the environment, the KV layout, and the figures the planner falls back on when the checkpoint
+cannot be read (the model's shape and the weights per rank the seed reports).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from . import vllm_flags
+from .checkpoint import ModelShape
+from .errors import ConfigError, load_yaml_model
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "env" / "profiles"
+
+ENGINE_COMMANDS = {"vllm": ["vllm", "serve"], "tensorfold": []}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ImageSpec(Strict):
+    chain: list[str] = []
+    base: str | None = None
+    prebuilt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if bool(self.prebuilt) == bool(self.chain or self.base):
+            raise ValueError("give either `prebuilt`, or `base` with an optional `chain` of stages")
+        return self
+
+
+class KvRule(Strict):
+    layout: Literal["fp8_ds_mla", "fp8", "bf16"]
+    engine_managed: bool = False  # the engine sizes its own KV pool (TensorFold)
+
+
+class ShapeDefaults(Strict):
+    num_hidden_layers: PositiveInt
+    num_nextn_predict_layers: int = 0
+    kv_lora_rank: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    index_head_dim: int = 0
+
+
+class Defaults(Strict):
+    """Seed figures used when no checkpoint can be read; each use is listed as assumed."""
+
+    model_shape: ShapeDefaults
+    weights_per_rank_gib: PositiveFloat
+    mtp_weights_per_rank_gib: float = 0.0
+
+
+class Profile(Strict):
+    name: str = ""
+    description: str
+    seeds: list[str] = []
+    engine: Literal["vllm", "tensorfold"] = "vllm"
+    image: ImageSpec
+    served_name: str
+    api_port: int = Field(8000, ge=1, le=65535)
+    args: list[str] = []
+    plugin_flags: list[str] = []
+    env: dict[str, str] = {}
+    kv: KvRule
+    defaults: Defaults
+
+    @property
+    def command(self) -> list[str]:
+        return ENGINE_COMMANDS[self.engine]
+
+    def flags(self) -> list[vllm_flags.Flag]:
+        return vllm_flags.parse(vllm_flags.split_lines(self.args), frozenset(self.plugin_flags))
+
+    def shape(self) -> ModelShape:
+        return ModelShape(**self.defaults.model_shape.model_dump())
+
+
+
+def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def load_profile(name: str, directory: Path = PROFILES_DIR, named_in: str = "") -> Profile:
+    """The profile `name`; `named_in` says where it was asked for ("cluster.yaml: profile")."""
+    path = directory / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(profile_names(directory)) or "none"
+        where = f"{named_in}: " if named_in else ""
+        raise ConfigError([f"{where}profile {name!r}: no {path} (known profiles: {known})"])
+    profile = load_yaml_model(path, Profile, "profile").model_copy(update={"name": name})
+    if profile.engine == "vllm":
+        try:
+            profile.flags()
+        except vllm_flags.FlagError as e:
+            raise ConfigError([f"{path}: args: {e}; if a plugin adds it on purpose, "
+                               f"list it under plugin_flags"]) from None
+    return profile

@@ -1,0 +1,115 @@
+"""Every bad config ends with one message per problem naming file and field, exit 2, no traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from launcher.cli import main
+
+
+def run_plan(path):
+    result = CliRunner().invoke(main, ["plan", "-c", str(path)])
+    assert "Traceback" not in result.output
+    return result
+
+
+def drop(key):
+    return lambda d: d.pop(key)
+
+
+def set_in(path, value):
+    def edit(d):
+        node = d
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    return edit
+
+
+CASES = {
+    "missing field": (drop("topology"), ["topology: required but missing"]),
+    "wrong type": (set_in(["ranks", 1, "port"], "twenty-two"), ["ranks[1].port:", "twenty-two"]),
+    "port out of range": (set_in(["ranks", 0, "port"], 70000), ["ranks[0].port:", "less than or equal to 65535"]),
+    "unknown key": (set_in(["rankz"], []), ["rankz: unknown key"]),
+    "unknown nested key": (set_in(["ranks", 0, "adress"], "x"), ["ranks[0].adress: unknown key"]),
+    "bad topology": (set_in(["topology"], "mesh"), ["topology:", "'switch' or 'ring'", "mesh"]),
+    "bad fabric ip": (set_in(["ranks", 2, "fabric_ips"], ["192.168.300.1"]), ["ranks[2].fabric_ips[0]:"]),
+    "relative model path": (set_in(["model", "path"], "models/x"), ["model.path: must be an absolute path"]),
+    "no ranks": (set_in(["ranks"], []), ["ranks:", "at least 1"]),
+    "unknown profile": (set_in(["profile"], "nope"), ["profile 'nope'", "known profiles:", "keys-1m-dcp4"]),
+    "duplicate rank address": (set_in(["ranks", 3, "address"], "10.0.0.11"),
+                               ["same address 10.0.0.11:22 as ranks[0]"]),
+    "tp x pp != ranks": (lambda d: d["ranks"].pop(), ["ranks: 3 ranks listed", "tensor parallel 4 × pipeline parallel 1 = 4"]),
+    "bad override flag": (set_in(["overrides", "engine_args"], ["--max-num-seq 4"]),
+                          ["overrides.engine_args:", "did you mean --max-num-seqs?"]),
+    "override changes tp": (set_in(["overrides", "engine_args"], ["--tensor-parallel-size 2"]),
+                            ["tensor parallel 2 × pipeline parallel 1 = 2"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_config_names_file_and_field(write_config, case):
+    edit, expected = CASES[case]
+    path = write_config(edit)
+    result = run_plan(path)
+    assert result.exit_code == 2, result.output
+    for text in expected:
+        assert text in result.output
+    assert str(path) in result.output
+
+
+def test_every_problem_is_reported_on_its_own_line(write_config):
+    def edit(d):
+        d.pop("topology")
+        d["ranks"][0]["port"] = "x"
+        d["extra"] = 1
+    result = run_plan(write_config(edit))
+    assert result.exit_code == 2
+    lines = [l for l in result.output.splitlines() if l.startswith("error:")]
+    assert len(lines) == 3
+
+
+def test_malformed_yaml_names_line_and_column(write_config):
+    path = write_config(text="profile: keys-1m-dcp4\nranks:\n  - address: [unclosed\n")
+    result = run_plan(path)
+    assert result.exit_code == 2
+    assert f"{path}:4:1: malformed YAML" in result.output
+
+
+def test_missing_config_file(tmp_path):
+    result = run_plan(tmp_path / "nowhere.yaml")
+    assert result.exit_code == 2 and "no such cluster config file" in result.output
+
+
+def test_not_a_mapping(write_config):
+    result = run_plan(write_config(text="- just\n- a list\n"))
+    assert result.exit_code == 2 and "expected a mapping" in result.output
+
+
+def test_profile_with_an_unknown_vllm_flag(write_config, tmp_path):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "mine.yaml").write_text(
+        "description: x\nimage: {prebuilt: x}\nserved_name: x\n"
+        "args: ['--tensor-parallel-size 4', '--enable-prefix-cache']\nkv: {layout: fp8}\n"
+        "defaults: {model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
+        "weights_per_rank_gib: 1}\n")
+    result = run_plan(write_config(lambda d: d.update(profile="mine", profiles_dir=str(profiles))))
+    assert result.exit_code == 2
+    assert "mine.yaml: args: unrecognized vLLM 0.33 argument --enable-prefix-cache" in result.output
+    assert "did you mean --enable-prefix-caching?" in result.output and "plugin_flags" in result.output
+
+
+def test_config_from_environment_and_real_console_script(write_config, tmp_path):
+    """The installed `sparkstack` script, through $SPARKSTACK_CONFIG: exit 2, no traceback."""
+    path = write_config(drop("model"))
+    script = Path(sys.executable).parent / "sparkstack"  # installed beside the venv's python
+    assert script.exists(), "the sparkstack console script is installed with the package"
+    proc = subprocess.run([str(script), "plan"], capture_output=True, text=True,
+                          env={"SPARKSTACK_CONFIG": str(path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "model: required but missing" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

@@ -1,0 +1,139 @@
+"""`sparkstack plan`: golden plans per profile, the seeds' flags verbatim, the KV figures."""
+
+import json
+import os
+import re
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT, SHARED
+from launcher.cli import main
+from launcher.profile import profile_names
+from test_checkpoint import checkpoint  # noqa: F401  (a small real checkpoint fixture)
+
+GOLDEN = ROOT / "tests" / "golden"
+UPDATE = os.environ.get("SPARKSTACK_UPDATE_GOLDEN") == "1"
+
+
+def plan_json(path, *extra):
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.mark.parametrize("profile", profile_names())
+def test_plan_matches_golden(write_config, profile):
+    data = plan_json(write_config(lambda d: d.update(profile=profile)))
+    golden = GOLDEN / f"plan-{profile}.json"
+    if UPDATE:
+        golden.write_text(json.dumps(data, indent=2) + "\n")
+    assert data == json.loads(golden.read_text())
+
+
+def test_plan_json_shape(write_config):
+    data = plan_json(write_config())
+    assert set(data) == {"ranks", "kv", "assumed"}
+    assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens"}
+    assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
+    assert set(data["ranks"][0]) == {"rank", "host", "env", "docker_run", "engine"}
+
+
+def seed_text(name):
+    path = next((SHARED / "seeds").glob(f"{name}_*.txt"), None)
+    if path is None:
+        pytest.skip("no ../shared/seeds beside this checkout")
+    return path.read_text()
+
+
+def engine_line(write_config, profile, rank=0):
+    data = plan_json(write_config(lambda d: d.update(profile=profile)))
+    return shlex.join(data["ranks"][rank]["engine"]), data
+
+
+def test_seed_001_key_settings_appear_verbatim(write_config):
+    settings = re.search(r"Key settings \(TP = 4\): (.*?)\. Weights take", seed_text("001")).group(1)
+    line, data = engine_line(write_config, "keys35-200k")
+    assert settings in line
+    assert data["kv"]["kv_cache_memory_bytes"] == 14092861440
+    assert data["ranks"][0]["env"]["VLLM_ROCE_ALLGATHER_MAX_SIZE"] == "4MB"
+
+
+def test_seed_001_one_million_profile(write_config):
+    assert "--max-model-len 1000000 --decode-context-parallel-size 4" in seed_text("001")
+    line, data = engine_line(write_config, "keys35-1m-dcp4")
+    assert "--max-model-len 1000000 --decode-context-parallel-size 4" in line
+    assert data["kv"]["max_tokens"] >= 1_000_000
+
+
+def test_seed_003_flags_appear_verbatim(write_config):
+    text = seed_text("003")
+    line, data = engine_line(write_config, "pollard-180k")
+    for flags in ["--attention-backend CUSTOM --block-size 256 --kv-cache-dtype fp8",
+                  "--max-model-len 180000", "--gpu-memory-utilization 0.84"]:
+        assert flags in text and flags in line
+    assert '--speculative-config \'{"method":"mtp","num_speculative_tokens":3}\'' in line
+
+
+def test_multi_node_flags_per_rank(write_config):
+    data = plan_json(write_config())
+    for r, rank in enumerate(data["ranks"]):
+        engine = rank["engine"]
+        assert engine[0] == "/models/keys-GLM-5.3-EXL3"
+        assert engine[engine.index("--node-rank") + 1] == str(r)
+        assert engine[engine.index("--nnodes") + 1] == "4"
+        assert engine[engine.index("--master-addr") + 1] == "10.0.0.11"  # ring: management address
+        assert ("--headless" in engine) == (r > 0)
+        assert engine[engine.index("--kv-cache-memory-bytes") + 1] == str(data["kv"]["kv_cache_memory_bytes"])
+        run = rank["docker_run"]
+        assert "nofile=1048576:1048576" in run and "memlock=-1:-1" in run
+        assert run[-3:] == ["sparkstack/keys:unbuilt", "vllm", "serve"]
+        assert rank["env"]["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"
+
+
+def test_switch_uses_fabric_ips_and_no_ring_settings(write_config):
+    data = plan_json(write_config(lambda d: d.update(topology="switch")))
+    engine = data["ranks"][2]["engine"]
+    assert engine[engine.index("--master-addr") + 1] == "192.168.177.1"
+    assert data["ranks"][2]["env"]["VLLM_HOST_IP"] == "192.168.178.3"
+    assert "NCCL_IB_MERGE_NICS" not in data["ranks"][2]["env"]
+
+
+def test_overrides_replace_profile_flags_in_place(write_config):
+    def edit(d):
+        d["overrides"]["engine_args"] = ["--max-model-len 500000", "--max-num-seqs 4"]
+        d["overrides"]["api_port"] = 9000
+    data = plan_json(write_config(edit))
+    line = shlex.join(data["ranks"][0]["engine"])
+    assert "--kv-cache-dtype fp8 --max-model-len 500000 --speculative-config" in line
+    assert "--max-num-seqs 4" in line and "--port 9000" in line and "1000000" not in line
+
+
+def test_api_key_is_masked_unless_asked(write_config):
+    path = write_config(lambda d: d["overrides"].update(api_key="s3cret"))
+    masked = json.dumps(plan_json(path))
+    assert "s3cret" not in masked and "VLLM_API_KEY=***" in masked
+    assert "VLLM_API_KEY=s3cret" in json.dumps(plan_json(path, "--show-secrets"))
+
+
+def test_offline_plan_lists_what_it_assumed(write_config):
+    assumed = plan_json(write_config())["assumed"]
+    assert any(a.startswith("model shape: profile keys-1m-dcp4") for a in assumed)
+    assert any("75 GiB + 5 GiB MTP" in a or "75.0 GiB + 5.0 GiB MTP" in a for a in assumed)
+    assert any(a.startswith("MemAvailable: 121.7 GiB") for a in assumed)
+
+
+def test_readable_checkpoint_replaces_the_profile_figures(write_config, checkpoint):  # noqa: F811
+    data = plan_json(write_config(lambda d: d["model"].update(path=str(checkpoint))))
+    assert not any(a.startswith(("model shape", "weights per rank")) for a in data["assumed"])
+    # 2 layers + 1 MTP layer, fp8_ds_mla + indexer, DCP 4
+    assert data["kv"]["bytes_per_token"] == -(-3 * (656 + 132) // 4)
+
+
+def test_plan_that_does_not_fit_is_refused(write_config):
+    path = write_config(lambda d: d.update(profile="pollard-180k") or d["overrides"].update(headroom_gib=20))
+    result = CliRunner().invoke(main, ["plan", "-c", str(path)])
+    assert result.exit_code == 3
+    assert "pollard-180k does not fit: --max-model-len 180000 needs" in result.output
+    assert "headroom 20.0 GiB" in result.output
