@@ -1,0 +1,102 @@
+"""`sparkstack sandbox up | down | status [--json]`."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ..errors import SparkstackError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def _friendly(fn):
+    """One message and the fix, exit non-zero, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SparkstackError as e:
+            for line in e.message.splitlines():
+                err.print(f"[bold red]error:[/] {line}", markup=True, highlight=False)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            err.print("interrupted; `sparkstack sandbox up` again resumes, "
+                      "`sparkstack sandbox down` cleans up")
+            sys.exit(130)
+
+    return wrapper
+
+
+state_option = click.option(
+    "--dir", "state_dir", metavar="PATH", type=click.Path(path_type=Path),
+    help="sandbox state directory (default: $SPARKSTACK_SANDBOX_DIR, "
+         "else ~/.local/state/sparkstack/sandbox)")
+
+
+def _progress(msg: str) -> None:
+    err.print(f"[dim]sandbox:[/] {msg}", markup=True, highlight=False)
+
+
+@click.group()
+def sandbox():
+    """Four simulated DGX Spark ranks on the local Docker engine (the demo and the test bed)."""
+
+
+@sandbox.command()
+@state_option
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@_friendly
+def up(state_dir, as_json):
+    """Create the four ranks (or adopt running ones) and write cluster.yaml."""
+    from . import cluster
+
+    result = cluster.up(state_dir, progress=_progress)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for r in result["ranks"]:
+        out.print(f"{r['name']}  {r['user']}@{r['address']}:{r['port']}  docker {r['docker']}")
+    out.print(f"ready in {result['seconds']} s; the cluster config is:")
+    click.echo(result["config"])
+
+
+@sandbox.command()
+@state_option
+@click.option("--purge", is_flag=True, help="also delete the state directory (keys, checkpoint)")
+@_friendly
+def down(state_dir, purge):
+    """Remove every container, network and volume the sandbox created (nothing else)."""
+    from . import cluster
+
+    removed = cluster.down(state_dir, purge=purge)
+    n = sum(len(v) for v in removed.values())
+    out.print(f"removed {len(removed['containers'])} containers, {len(removed['networks'])} "
+              f"networks, {len(removed['volumes'])} volumes" if n else "nothing to remove")
+
+
+@sandbox.command()
+@state_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+@_friendly
+def status(state_dir, as_json):
+    """Each rank's address, login and whether its own dockerd answers."""
+    from . import cluster
+
+    result = cluster.status(state_dir)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for r in result["ranks"]:
+        colour = "green" if r["docker"] == "running" else "red"
+        out.print(f"{r['name']}  {r['user']}@{r['address']}:{r['port']}  "
+                  f"docker [{colour}]{r['docker']}[/]", markup=True)
+    cfg = Path(result["config"])
+    out.print(f"config: {cfg}" + ("" if cfg.exists() else " (not written yet: `sparkstack sandbox up`)"))

@@ -1,0 +1,615 @@
+"""`sparkstack sandbox up | down | status`: four simulated DGX Spark ranks on the local Docker engine.
+
+What `up` makes (everything labelled ``org.sparkstack.sandbox=1``; `down` removes by that label):
+
+- a bridge network ``sparkstack-sandbox`` (172.31.240.0/24 unless $SPARKSTACK_SANDBOX_SUBNET);
+- four rank containers ``sparkstack-spark1..4`` (hostname spark1..4, addresses .11-.14). The
+  host reaches them directly on port 22: a local bridge's subnet is routed from the host, so no
+  ports are published and nothing can collide with a port already taken on the host;
+- in each rank: ``sshd`` (key login as ``spark``, who has passwordless sudo and is in the docker
+  group, like the user of a real Spark -- so the kit's sudo path is exercised, not bypassed;
+  root accepts the same key) and the rank's OWN ``dockerd`` whose image store is the rank's own
+  volume ``sparkstack-sparkN-docker`` -- an image on the host or on one rank is absent on the
+  others until shipped;
+- one named volume per rank for that store.
+
+Why not ``--privileged``: the Docker engine here runs without CAP_SYS_RESOURCE in its bounding
+set, so runc cannot grant "all capabilities" and every privileged container fails with
+"unable to apply caps: operation not permitted". A rank instead gets every capability the engine
+has (``cap_add=ALL, cap_drop=SYS_RESOURCE``), no seccomp/apparmor profile, unmasked /proc
+(``systempaths=unconfined``); its init remounts its cgroup v1 controllers writable (they are
+bind mounts of the rank's own cgroup subtree) so its dockerd can create child cgroups.
+Consequence: the hard limits of this host (nofile 20000, memlock 8 MiB) are the ceiling inside
+the ranks; ``docker run --ulimit nofile=1048576`` in a rank fails as it would on a misconfigured
+Spark.
+
+The inner dockerd uses **overlay2** (measured: the rank's /var/lib/docker is a named volume, a
+plain ext4 directory on the host, and the kernel has overlayfs; ``docker info`` in a rank shows
+"Storage Driver: overlay2, Backing Filesystem: extfs"). fuse-overlayfs is what the *host* engine
+is configured with and is not needed inside; vfs is the fallback in the rank's init script.
+
+Host side, under the state dir (``$SPARKSTACK_SANDBOX_DIR`` or ``~/.local/state/sparkstack/sandbox``):
+``id_ed25519`` (+``.pub``) the client key, ``known_hosts`` with each rank's real host key
+(generated here, injected into the rank at start, so the file is right before the first
+connection and stays right across `down`/`up`), ``cluster.yaml``, ``fabric-truth.json``,
+``ranks/sparkN/{ssh,sysfs}``, ``models/glm53-sandbox`` and ``patches/``.
+
+The checkpoint is a host directory bind-mounted read-only at ``/models/glm53-sandbox`` in all four
+ranks: the stand-in for the NFS export of a real cluster. It is a bind mount because this kernel
+has no NFS (no ``nfs``/``nfsd`` in /proc/filesystems), so an NFS server cannot run here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from . import checkpoint as ckpt
+from . import debian_image, fabric
+from . import meminfo as meminfo_mod
+from .errors import SandboxError
+
+LABEL = "org.sparkstack.sandbox"
+RANK_LABEL = "org.sparkstack.sandbox.rank"
+IMAGE_LABEL = "org.sparkstack.sandbox.image"
+STATE_LABEL = "org.sparkstack.sandbox.state"  # the state dir whose keys the rank was made with
+MEMINFO_LABEL = "org.sparkstack.sandbox.meminfo"  # "gb10" (fake Spark meminfo) or "host"
+NETWORK = "sparkstack-sandbox"
+DEFAULT_SUBNET = "172.31.240.0/24"
+N_RANKS = 4
+USER = "spark"
+MODEL_PATH = "/models/glm53-sandbox"
+SERVED_NAME = "GLM-5.3-sandbox"
+SYSFS_ROOT = "/sandbox/sysfs"
+READY_TIMEOUT_S = 60
+
+
+def state_dir_default() -> Path:
+    env = os.environ.get("SPARKSTACK_SANDBOX_DIR")
+    return Path(env).expanduser() if env else Path("~/.local/state/sparkstack/sandbox").expanduser()
+
+
+def subnet() -> ipaddress.IPv4Network:
+    raw = os.environ.get("SPARKSTACK_SANDBOX_SUBNET", DEFAULT_SUBNET)
+    try:
+        net = ipaddress.IPv4Network(raw)
+    except ValueError:
+        raise SandboxError(f"SPARKSTACK_SANDBOX_SUBNET={raw!r} is not an IPv4 network",
+                           "use a form like 172.31.240.0/24") from None
+    if net.num_addresses < 32:
+        raise SandboxError(f"SPARKSTACK_SANDBOX_SUBNET={raw} is too small", "use a /27 or larger")
+    return net
+
+
+def rank_names() -> list[str]:
+    return [f"spark{i + 1}" for i in range(N_RANKS)]
+
+
+def container_name(name: str) -> str:
+    return f"sparkstack-{name}"
+
+
+def volume_name(name: str) -> str:
+    return f"sparkstack-{name}-docker"
+
+
+def rank_address(i: int, net: ipaddress.IPv4Network | None = None) -> str:
+    net = net or subnet()
+    return str(net.network_address + 11 + i)
+
+
+def paths(state_dir: Path) -> dict[str, Path]:
+    return {
+        "key": state_dir / "id_ed25519",
+        "pub": state_dir / "id_ed25519.pub",
+        "known_hosts": state_dir / "known_hosts",
+        "config": state_dir / "cluster.yaml",
+        "truth": state_dir / "fabric-truth.json",
+        "models": state_dir / "models",
+        "model": state_dir / "models" / Path(MODEL_PATH).name,
+        "patches": state_dir / "patches",
+        "images": state_dir / "images",
+        "ranks": state_dir / "ranks",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Docker engine
+
+
+def connect():
+    """A docker-py client to the local engine, or a SandboxError saying how to get one."""
+    import docker
+
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except Exception as e:  # DockerException, requests errors, PermissionError
+        text = str(e)
+        if "FileNotFoundError" in text or "No such file" in text:
+            reason = "no engine socket there"
+        elif "Connection refused" in text or "ConnectionRefused" in text:
+            reason = "connection refused"
+        elif "Permission denied" in text or "PermissionError" in text:
+            reason = "permission denied"
+        elif "timed out" in text.lower():
+            reason = "timed out"
+        else:
+            reason = text.removeprefix("Error while fetching server API version: ").strip() or type(e).__name__
+        if "Permission denied" in text or "PermissionError" in text:
+            fix = "add yourself to the docker group (then log in again), or run as root"
+        else:
+            fix = "start the Docker engine (`systemctl start docker`, or `dockerd &`) or set DOCKER_HOST"
+        raise SandboxError(f"the Docker engine is unreachable at {where}: {reason}", fix) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+
+
+def _ed25519_pair() -> tuple[bytes, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    return private, public
+
+
+def _ensure_keypair(private_path: Path, public_path: Path, comment: str) -> str:
+    if private_path.exists() and public_path.exists():
+        return public_path.read_text().strip()
+    private, public = _ed25519_pair()
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    os.chmod(private_path, 0o600)
+    public_path.write_text(f"{public} {comment}\n")
+    return public_path.read_text().strip()
+
+
+def prepare_state(state_dir: Path, net: ipaddress.IPv4Network) -> dict:
+    """Keys, known_hosts, fixtures, checkpoint, patches: everything on the host side."""
+    p = paths(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    client_pub = _ensure_keypair(p["key"], p["pub"], "sparkstack-sandbox")
+    known = []
+    truth = {}
+    for i, name in enumerate(rank_names()):
+        rdir = p["ranks"] / name
+        sshdir = rdir / "ssh"
+        host_pub = _ensure_keypair(sshdir / "ssh_host_ed25519_key",
+                                   sshdir / "ssh_host_ed25519_key.pub", f"root@{name}")
+        os.chmod(sshdir / "ssh_host_ed25519_key.pub", 0o644)
+        auth = sshdir / "authorized_keys"
+        if not auth.exists() or auth.read_text() != client_pub + "\n":
+            auth.write_text(client_pub + "\n")
+        kind, blob = host_pub.split()[:2]
+        known.append(f"{rank_address(i, net)},{name} {kind} {blob}")
+        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, N_RANKS))
+        (rdir / "ip-addr.json").write_text(json.dumps(fabric.ip_addr_json(i, N_RANKS), indent=2) + "\n")
+        truth[name] = fabric.fabric_truth(i, N_RANKS)
+        _write_in_place(rdir / "meminfo", meminfo_mod.meminfo(i))
+    _write_if_changed(p["known_hosts"], "\n".join(known) + "\n")
+    summary = ckpt.write_checkpoint(p["model"])
+    ckpt.write_patches(p["patches"])
+    _write_if_changed(p["truth"], json.dumps(truth, indent=2) + "\n")
+    return {"checkpoint": summary, "truth": truth}
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def _write_in_place(path: Path, text: str) -> None:
+    """Rewrite keeping the inode: the file is bind-mounted into a running rank."""
+    if path.exists():
+        if path.read_text() != text:
+            with open(path, "r+") as f:
+                f.write(text)
+                f.truncate()
+    else:
+        path.write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+
+
+def _host_routes() -> list[tuple[ipaddress.IPv4Network, str]]:
+    routes = []
+    try:
+        lines = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return routes
+    for line in lines:
+        f = line.split()
+        if len(f) < 8:
+            continue
+        dest = ipaddress.IPv4Address(int(f[1], 16).to_bytes(4, "little"))
+        mask = ipaddress.IPv4Address(int(f[7], 16).to_bytes(4, "little"))
+        if int(mask) == 0:
+            continue  # the default route overlaps everything by design
+        routes.append((ipaddress.IPv4Network(f"{dest}/{mask}", strict=False), f[0]))
+    return routes
+
+
+def _check_routes(net: ipaddress.IPv4Network, fix: str) -> None:
+    for route, dev in _host_routes():
+        if route.overlaps(net):
+            raise SandboxError(f"the sandbox subnet {net} is already taken on this host "
+                               f"(route {route} on {dev})", fix)
+
+
+def ensure_network(client, net: ipaddress.IPv4Network):
+    import docker.errors
+
+    fix_subnet = (f"remove what uses {net}, or pick another private /24 with "
+                  "SPARKSTACK_SANDBOX_SUBNET=172.31.241.0/24 (then `sparkstack sandbox up` again)")
+    try:
+        existing = client.networks.get(NETWORK)
+    except docker.errors.NotFound:
+        existing = None
+    if existing is not None:
+        labels = existing.attrs.get("Labels") or {}
+        if labels.get(LABEL) != "1":
+            raise SandboxError(f"a Docker network named {NETWORK} exists that sparkstack did not create",
+                               f"remove it (`docker network rm {NETWORK}`) if it is unused")
+        configs = (existing.attrs.get("IPAM") or {}).get("Config") or []
+        if any(c.get("Subnet") == str(net) for c in configs):
+            return existing
+        # ours but on another subnet (SPARKSTACK_SANDBOX_SUBNET changed): recreate
+        _check_routes(net, fix_subnet)
+        for c in existing.attrs.get("Containers") or {}:
+            try:
+                existing.disconnect(c, force=True)
+            except docker.errors.APIError:
+                pass
+        existing.remove()
+    _check_routes(net, fix_subnet)
+    ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(
+        subnet=str(net), gateway=str(net.network_address + 1))])
+    try:
+        return client.networks.create(NETWORK, driver="bridge", ipam=ipam, labels={LABEL: "1"},
+                                      options={"com.docker.network.driver.mtu": "1400"})
+    except docker.errors.APIError as e:
+        msg = e.explanation or str(e)
+        if "overlap" in msg or "already" in msg:
+            raise SandboxError(f"the sandbox subnet {net} is already taken: {msg}", fix_subnet) from None
+        raise SandboxError(f"cannot create the Docker network {NETWORK}: {msg}",
+                           "check `docker network ls` and the engine's log") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranks
+
+
+def _find_container(client, name: str):
+    import docker.errors
+
+    try:
+        return client.containers.get(container_name(name))
+    except docker.errors.NotFound:
+        return None
+
+
+def _meminfo_mode() -> str:
+    return "gb10" if meminfo_mod.enabled() else "host"
+
+
+def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
+    import docker.errors
+
+    p = paths(state_dir)
+    rdir = p["ranks"] / name
+    try:
+        client.volumes.get(volume_name(name))
+    except docker.errors.NotFound:
+        client.volumes.create(volume_name(name), labels={LABEL: "1", RANK_LABEL: name})
+    api = client.api
+    host_config = api.create_host_config(
+        cap_add=["ALL"], cap_drop=["SYS_RESOURCE"],
+        security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+        init=True,
+        binds={
+            volume_name(name): {"bind": "/var/lib/docker", "mode": "rw"},
+            str(p["model"]): {"bind": MODEL_PATH, "mode": "ro"},
+            str(rdir / "sysfs"): {"bind": SYSFS_ROOT, "mode": "ro"},
+            str(rdir / "ip-addr.json"): {"bind": "/sandbox/ip-addr.json", "mode": "ro"},
+            str(rdir / "ssh"): {"bind": "/sandbox/ssh", "mode": "ro"},
+            str(p["images"]): {"bind": "/sandbox/images", "mode": "ro"},
+            **({str(rdir / "meminfo"): {"bind": "/sandbox/meminfo", "mode": "ro"}}
+               if meminfo_mod.enabled() else {}),
+        },
+        tmpfs={"/run": "rw,exec,size=64m", "/tmp": "rw,exec,size=512m"},
+        restart_policy={"Name": "no"},
+    )
+    # `--security-opt systempaths=unconfined` of the CLI: empty (not absent) lists in the API
+    host_config["MaskedPaths"] = []
+    host_config["ReadonlyPaths"] = []
+    networking = api.create_networking_config(
+        {NETWORK: api.create_endpoint_config(ipv4_address=rank_address(i, net))})
+    try:
+        cid = api.create_container(
+            image, name=container_name(name), hostname=name, detach=True,
+            labels={LABEL: "1", RANK_LABEL: name, IMAGE_LABEL: image, STATE_LABEL: str(state_dir),
+                    MEMINFO_LABEL: _meminfo_mode()},
+            host_config=host_config, networking_config=networking,
+            environment={"SANDBOX_RANK": name})["Id"]
+        api.start(cid)
+    except docker.errors.APIError as e:
+        msg = e.explanation or str(e)
+        if "already in use" in msg or "Address already" in msg:
+            raise SandboxError(f"cannot start {container_name(name)}: {msg}",
+                               "run `sparkstack sandbox down`, then `sparkstack sandbox up`") from None
+        raise SandboxError(f"cannot start {container_name(name)}: {msg}",
+                           "check `docker logs " + container_name(name) + "` and the engine's log") from None
+    return client.containers.get(cid)
+
+
+def _ensure_rank(client, i: int, name: str, image: str, state_dir: Path, net) -> tuple[object, str]:
+    """Adopt a healthy container of ours, recreate a stale one, refuse a foreign one."""
+    c = _find_container(client, name)
+    if c is not None:
+        labels = c.labels or {}
+        if labels.get(LABEL) != "1":
+            raise SandboxError(f"a container named {container_name(name)} exists that sparkstack "
+                               "did not create",
+                               f"remove or rename it (`docker rm -f {container_name(name)}`)")
+        nets = (c.attrs.get("NetworkSettings") or {}).get("Networks") or {}
+        addr = (nets.get(NETWORK) or {}).get("IPAddress")
+        if (c.status == "running" and labels.get(IMAGE_LABEL) == image
+                and labels.get(STATE_LABEL) == str(state_dir) and addr == rank_address(i, net)
+                and labels.get(MEMINFO_LABEL) == _meminfo_mode()
+                and (_inner_docker_ok(c) or _started_recently(c))):
+            return c, "adopted"
+        # a leftover of a crashed or older run: stopped, another image, another subnet, or made
+        # from another state dir (its host keys would not match this known_hosts)
+        c.remove(force=True)
+        _create = _create_rank(client, i, name, image, state_dir, net)
+        return _create, "recreated"
+    return _create_rank(client, i, name, image, state_dir, net), "created"
+
+
+def _started_recently(c, seconds: float = READY_TIMEOUT_S) -> bool:
+    """A rank still starting (another `up` just made it) is adopted and waited for."""
+    from datetime import datetime, timezone
+
+    started = (c.attrs.get("State") or {}).get("StartedAt", "")
+    try:
+        t = datetime.fromisoformat(started[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return False
+    return (datetime.now(timezone.utc) - t).total_seconds() < seconds
+
+
+def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _inner_docker_ok(container) -> bool:
+    try:
+        res = container.exec_run(["docker", "version", "--format", "{{.Server.Version}}"])
+        return res.exit_code == 0
+    except Exception:
+        return False
+
+
+def _wait_ready(client, name: str, address: str, deadline: float) -> None:
+    c = _find_container(client, name)
+    while time.monotonic() < deadline:
+        c.reload()
+        if c.status != "running":
+            logs = c.logs(tail=15).decode(errors="replace")
+            raise SandboxError(f"rank {name} stopped while starting ({c.status}); its last lines:\n{logs}",
+                               f"check `docker logs {container_name(name)}`")
+        if _port_open(address, 22) and _inner_docker_ok(c):
+            return
+        time.sleep(0.3)
+    ssh_ok = _port_open(address, 22)
+    what = "the rank's dockerd does not answer" if ssh_ok else f"sshd at {address}:22 does not answer"
+    raise SandboxError(f"rank {name} is not ready after {READY_TIMEOUT_S} s: {what}",
+                       f"check `docker logs {container_name(name)}` and "
+                       f"`docker exec {container_name(name)} tail /var/log/dockerd.log`")
+
+
+def _image_tar(client, tag: str, images_dir: Path) -> Path:
+    """The stand-in image saved once to the state dir (the ranks see it at /sandbox/images)."""
+    images_dir.mkdir(parents=True, exist_ok=True)
+    fname = tag.replace(":", "_").replace("/", "_") + ".tar"
+    path = images_dir / fname
+    if path.exists():
+        return path
+    for old in images_dir.glob("*.tar"):
+        old.unlink(missing_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        for chunk in client.images.get(tag).save(named=True):
+            f.write(chunk)
+    tmp.replace(path)
+    return path
+
+
+def _load_into_rank(container, tag: str, tar: Path) -> str:
+    if container.exec_run(["docker", "image", "inspect", tag]).exit_code == 0:
+        return "present"
+    res = container.exec_run(["docker", "load", "-q", "-i", f"/sandbox/images/{tar.name}"])
+    if res.exit_code != 0:
+        raise SandboxError(f"loading {tag} into {container.name} failed: "
+                           f"{res.output.decode(errors='replace').strip()}",
+                           f"check `docker exec {container.name} docker info`")
+    return "loaded"
+
+
+def write_cluster_yaml(state_dir: Path, net, base_image: str) -> Path:
+    p = paths(state_dir)
+    ranks = []
+    for i, name in enumerate(rank_names()):
+        t = fabric.fabric_truth(i, N_RANKS)
+        ranks.append({"name": name, "address": rank_address(i, net), "port": 22, "user": USER,
+                      "key": str(p["key"]), "fabric_ips": [t["fabric_ip"]],
+                      "sysfs_root": SYSFS_ROOT})
+    doc = {
+        "profile": "sandbox",
+        "topology": "ring",
+        "ssh": {"known_hosts": str(p["known_hosts"])},
+        "ranks": ranks,
+        "model": {"path": MODEL_PATH, "served_name": SERVED_NAME},
+        "images": {"base": base_image, "patches_dir": str(p["patches"])},
+    }
+    header = ("# Written by `sparkstack sandbox up`: the four sandbox ranks on the local Docker\n"
+              "# engine. Use it with `sparkstack -c " + str(p["config"]) + " ...` or\n"
+              "# SPARKSTACK_CONFIG. Rewritten on every `sandbox up`.\n")
+    _write_if_changed(p["config"], header + yaml.safe_dump(doc, sort_keys=False))
+    return p["config"]
+
+
+@contextlib.contextmanager
+def _exclusive(progress=print):
+    """One `up`/`down` at a time on this machine (the containers and network are global)."""
+    path = Path(tempfile.gettempdir()) / "sparkstack-sandbox.lock"
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("another `sandbox up`/`down` is running; waiting for it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def up(state_dir: Path | None = None, progress=print) -> dict:
+    """Create (or adopt) the sandbox; idempotent. Returns what status() returns plus timings."""
+    with _exclusive(progress):
+        return _up(state_dir, progress)
+
+
+def _up(state_dir: Path | None, progress) -> dict:
+    t0 = time.monotonic()
+    state_dir = (Path(state_dir) if state_dir else state_dir_default()).expanduser().resolve()
+    net = subnet()
+    client = connect()
+    images = debian_image.ensure_images(client, progress)
+    prepare_state(state_dir, net)
+    ensure_network(client, net)
+    names = rank_names()
+    actions = {}
+    with cf.ThreadPoolExecutor(N_RANKS) as pool:
+        futs = {name: pool.submit(_ensure_rank, client, i, name, images["rank"], state_dir, net)
+                for i, name in enumerate(names)}
+        containers = {}
+        for name, fut in futs.items():
+            containers[name], actions[name] = fut.result()
+    progress("ranks: " + ", ".join(f"{n} {a}" for n, a in actions.items())
+             + "; waiting for each rank's sshd and dockerd")
+    tar = _image_tar(client, images["vllm"], paths(state_dir)["images"])
+    deadline = time.monotonic() + READY_TIMEOUT_S
+
+    def ready_and_loaded(i_name):
+        # each rank loads the base as soon as its own dockerd answers (no waiting for the others)
+        i, name = i_name
+        _wait_ready(client, name, rank_address(i, net), deadline)
+        return _load_into_rank(containers[name], images["vllm"], tar)
+
+    with cf.ThreadPoolExecutor(N_RANKS) as pool:
+        loads = dict(zip(names, pool.map(ready_and_loaded, enumerate(names))))
+    if any(v == "loaded" for v in loads.values()):
+        progress(f"{images['vllm']} loaded into " + ", ".join(n for n, v in loads.items() if v == "loaded"))
+    write_cluster_yaml(state_dir, net, images["vllm"])
+    result = status(state_dir, client=client)
+    result.update({"images": images, "actions": actions, "seconds": round(time.monotonic() - t0, 1)})
+    return result
+
+
+def down(state_dir: Path | None = None, purge: bool = False, progress=print) -> dict:
+    """Remove every container, network and volume labelled as the sandbox's; nothing else."""
+    with _exclusive(progress):
+        return _down(state_dir, purge)
+
+
+def _down(state_dir: Path | None, purge: bool) -> dict:
+    import docker.errors
+
+    state_dir = Path(state_dir) if state_dir else state_dir_default()
+    client = connect()
+    removed = {"containers": [], "networks": [], "volumes": []}
+    containers = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+
+    def _rm(c):
+        try:
+            c.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        return c.name
+
+    with cf.ThreadPoolExecutor(max(1, len(containers))) as pool:
+        removed["containers"] = sorted(pool.map(_rm, containers))
+    for n in client.networks.list(filters={"label": f"{LABEL}=1"}):
+        try:
+            n.remove()
+            removed["networks"].append(n.name)
+        except docker.errors.NotFound:
+            pass
+    for v in client.volumes.list(filters={"label": f"{LABEL}=1"}):
+        try:
+            v.remove(force=True)
+            removed["volumes"].append(v.name)
+        except docker.errors.NotFound:
+            pass
+    if purge and state_dir.exists():
+        import shutil
+
+        shutil.rmtree(state_dir)
+    return removed
+
+
+def status(state_dir: Path | None = None, client=None) -> dict:
+    """{"ranks": [{name, address, port, user, key, docker: running|down}], "config": path}."""
+    client = client or connect()
+    if not state_dir:
+        # the state dir the running ranks were made from, else the default
+        state_dir = state_dir_default()
+        for c in client.containers.list(filters={"label": f"{LABEL}=1"}):
+            if (c.labels or {}).get(STATE_LABEL):
+                state_dir = c.labels[STATE_LABEL]
+                break
+    state_dir = Path(state_dir)
+    net = subnet()
+    p = paths(state_dir)
+
+    def one(i_name):
+        i, name = i_name
+        c = _find_container(client, name)
+        ok = (c is not None and c.status == "running" and (c.labels or {}).get(LABEL) == "1"
+              and _inner_docker_ok(c))
+        return {"name": name, "address": rank_address(i, net), "port": 22, "user": USER,
+                "key": str(p["key"]), "docker": "running" if ok else "down"}
+
+    with cf.ThreadPoolExecutor(N_RANKS) as pool:
+        ranks = list(pool.map(one, enumerate(rank_names())))
+    return {"ranks": ranks, "config": str(p["config"])}

@@ -1,0 +1,423 @@
+"""Base images for the sandbox, built from Debian's packages (nothing can be pulled here).
+
+Each image is built in two steps:
+
+1. a *root filesystem* stage: ``mmdebstrap`` (bookworm, ``--variant=minbase`` plus a package
+   list) writes a tarball that ``docker import`` turns into an image tagged by the hash of the
+   recipe (suite, variant, packages, options) -- e.g. ``sparkstack-sandbox-rankfs:<hash>``.
+   This is the slow part (about a minute per image on 2 cores) and changes almost never.
+2. a *files* stage: a tiny ``docker build`` on top that only COPYs the sandbox's own files
+   (the rank's init script and sshd settings; the stand-in ``vllm`` program and vLLM's flags
+   table), tagged by the hash of the parent tag and those files.
+
+An image whose tag exists is reused as is, so a second ``sandbox up`` builds nothing, and a
+change to the stand-in program rebuilds only the small files stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SandboxError
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+LABEL = "org.sparkstack.sandbox"
+STANDIN_LABEL = "org.sparkstack.standin"
+# Space needed for one rootfs tarball (rank: ~450 MB) plus its imported copy, with margin.
+MIN_FREE_BYTES = 3 * 1024**3
+
+_DPKG_EXCLUDES = [
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+]
+
+# mmdebstrap's own hook that lays out a merged /usr and installs the empty `usr-is-merged`:
+# without it apt satisfies init-system-helpers with `usrmerge`, which drags in all of perl
+# (~50 MB more in every image, and every rank loads the stand-in image at `up`).
+MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
+
+HERE = Path(__file__).resolve().parent
+
+
+def repo_root() -> Path:
+    return HERE.parent.parent
+
+
+def shared_dir() -> Path:
+    """The project's shared/ directory: ``<repo root>/../shared`` (``$SPARKSTACK_SHARED`` wins)."""
+    env = os.environ.get("SPARKSTACK_SHARED")
+    return Path(env) if env else repo_root().parent / "shared"
+
+
+def serve_flags_file() -> Path:
+    return shared_dir() / "vllm" / "serve-flags-0.33.json"
+
+
+def standin_program() -> Path:
+    return HERE / "standin_vllm.py"
+
+
+def mirror() -> str:
+    return os.environ.get("SPARKSTACK_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+@dataclass(frozen=True)
+class RootfsRecipe:
+    repository: str
+    packages: tuple[str, ...]
+    suite: str = SUITE
+    variant: str = VARIANT
+    extra_dpkg: tuple[str, ...] = ()
+
+    def digest(self) -> str:
+        doc = {"suite": self.suite, "variant": self.variant, "packages": sorted(self.packages),
+               "dpkg": _DPKG_EXCLUDES + list(self.extra_dpkg), "hooks": HOOKS.get(self.repository, []),
+               "recipe": 2}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.repository}:{self.digest()}"
+
+
+@dataclass(frozen=True)
+class FilesStage:
+    repository: str
+    parent: RootfsRecipe
+    dockerfile: str  # "{parent}" is replaced by the parent's tag
+    files: dict[str, bytes] = field(default_factory=dict)  # context path -> content
+    modes: dict[str, int] = field(default_factory=dict)
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        h.update(self.parent.tag.encode())
+        h.update(self.dockerfile.encode())
+        for name in sorted(self.files):
+            h.update(name.encode() + b"\0" + self.files[name] + b"\0")
+            h.update(str(self.modes.get(name, 0o644)).encode())
+        return h.hexdigest()[:12]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.repository}:{self.digest()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The two images
+
+RANK_PACKAGES = (
+    "openssh-server", "docker.io", "python3", "iproute2", "procps", "mount", "util-linux",
+    "sudo", "ca-certificates", "iptables", "kmod", "curl", "less",
+)
+STANDIN_PACKAGES = ("python3",)
+
+RANK_INIT = r"""#!/bin/sh
+# PID 1's child in a sandbox rank (docker-init/tini is PID 1): set up, start dockerd, run sshd.
+set -u
+log() { echo "sandbox-rank-init: $*"; }
+
+# cgroup v1 controllers are bind-mounted read-only into a non-privileged container; the rank's
+# own dockerd needs to create child cgroups under its own subtree, so remount them writable.
+mount -o remount,rw /sys 2>/dev/null || true
+for m in $(awk '$3=="cgroup" {print $2}' /proc/mounts); do
+    mount -o remount,bind,rw "$m" 2>/dev/null || log "cannot remount $m rw"
+done
+
+# /proc/sys/vm is global to the kernel: a sysctl written here would change the HOST. Give each
+# rank its own copy (a tmpfs, filled from the real values at start) so `sysctl vm.swappiness=1`
+# and `echo 3 > /proc/sys/vm/drop_caches` behave per rank and are gone after a restart, as the
+# settings of a real Spark are gone after a reboot.
+if [ ! -e /run/sandbox-vm/.ready ]; then
+    mkdir -p /run/sandbox-vm
+    mount -t tmpfs -o size=1m,mode=755 sandbox-vm /run/sandbox-vm
+    for f in /proc/sys/vm/*; do
+        n=$(basename "$f")
+        cat "$f" > "/run/sandbox-vm/$n" 2>/dev/null || echo 0 > "/run/sandbox-vm/$n"
+    done
+    touch /run/sandbox-vm/.ready
+    mount --bind /run/sandbox-vm /proc/sys/vm || log "cannot shadow /proc/sys/vm"
+fi
+
+# /proc/meminfo: a GB10's figures (see launcher/sandbox/meminfo.py), unless turned off.
+if [ -f /sandbox/meminfo ]; then
+    mount --bind /sandbox/meminfo /proc/meminfo || log "cannot shadow /proc/meminfo"
+fi
+
+# ssh: host key and authorized key come from the sandbox directory on the host.
+install -d -m 0755 /run/sshd
+install -m 0600 /sandbox/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key
+install -m 0644 /sandbox/ssh/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ed25519_key.pub
+for home in /root /home/spark; do
+    owner=$(stat -c %U "$home")
+    install -d -m 0700 -o "$owner" "$home/.ssh"
+    install -m 0600 -o "$owner" /sandbox/ssh/authorized_keys "$home/.ssh/authorized_keys"
+done
+
+# The rank's own Docker engine, its image store on the rank's own volume (/var/lib/docker).
+# overlay2 works here: the volume is a plain ext4 directory and the kernel has overlayfs; the
+# host engine's fuse-overlayfs is only needed for the host's own configuration. If overlay2
+# cannot start (another kernel, a volume on overlayfs), fall back to vfs (slow, always works).
+(
+    dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 \
+        >>/var/log/dockerd.log 2>&1 \
+    || { log "overlay2 failed, using vfs"; \
+         exec dockerd --storage-driver=vfs --mtu=1400 --bip=10.77.0.1/24 >>/var/log/dockerd.log 2>&1; }
+) &
+
+exec /usr/sbin/sshd -D -e
+"""
+
+SSHD_CONF = """# sparkstack sandbox rank
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+HostKey /etc/ssh/ssh_host_ed25519_key
+UseDNS no
+MaxStartups 100:30:200
+MaxSessions 100
+"""
+
+RANK_DOCKERFILE = """FROM {parent}
+COPY sandbox-rank-init /usr/local/sbin/sandbox-rank-init
+COPY sandbox.conf /etc/ssh/sshd_config.d/sandbox.conf
+LABEL org.sparkstack.sandbox="1" org.sparkstack.sandbox.role="rank"
+CMD ["/usr/local/sbin/sandbox-rank-init"]
+"""
+
+STANDIN_DOCKERFILE = """FROM {parent}
+COPY vllm /usr/local/bin/vllm
+COPY serve-flags.json /usr/share/sandbox-vllm/serve-flags.json
+LABEL org.sparkstack.sandbox="1" org.sparkstack.standin="vllm" \\
+      org.opencontainers.image.title="sandbox-vllm" \\
+      org.opencontainers.image.description="STAND-IN for vLLM (sparkstack sandbox): parses vllm serve argv, serves a fake OpenAI API; not vLLM"
+ENV SANDBOX_VLLM_STANDIN=1
+"""
+
+# In the rootfs: a user `spark` (sudo without password, in the docker group), sshd without
+# generated host keys (each rank gets its own at start), apt caches dropped.
+_RANK_HOOKS = [
+    'chroot "$1" useradd --create-home --shell /bin/bash --groups sudo,docker spark',
+    'chroot "$1" usermod -p "*" spark',
+    'echo "spark ALL=(ALL) NOPASSWD:ALL" > "$1/etc/sudoers.d/spark"; chmod 0440 "$1/etc/sudoers.d/spark"',
+    'rm -f "$1"/etc/ssh/ssh_host_*',
+    'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin',
+]
+_STANDIN_HOOKS = ['rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin']
+
+RANK_FS = RootfsRecipe("sparkstack-sandbox-rankfs", RANK_PACKAGES)
+# Every rank extracts the stand-in image at each `up` (docker load into its own store), and on
+# this disk that costs ~2 ms per file: leave out the files a Python stand-in never reads
+# (time zones, iconv modules, shell completion, lintian overrides), ~1300 of ~5500 files.
+_STANDIN_TRIM = (
+    "path-exclude=/usr/share/zoneinfo/right/*",
+    "path-exclude=/usr/share/zoneinfo/posix/*",
+    "path-exclude=/usr/share/zoneinfo/America/*",
+    "path-exclude=/usr/share/zoneinfo/Asia/*",
+    "path-exclude=/usr/share/zoneinfo/Africa/*",
+    "path-exclude=/usr/share/zoneinfo/Europe/*",
+    "path-exclude=/usr/share/zoneinfo/Antarctica/*",
+    "path-exclude=/usr/share/zoneinfo/Australia/*",
+    "path-exclude=/usr/share/zoneinfo/Pacific/*",
+    "path-exclude=/usr/share/zoneinfo/Indian/*",
+    "path-exclude=/usr/share/zoneinfo/Atlantic/*",
+    "path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*",
+    "path-exclude=/usr/share/bash-completion/*",
+    "path-exclude=/usr/share/lintian/*",
+)
+STANDIN_FS = RootfsRecipe("sparkstack-sandbox-pyfs", STANDIN_PACKAGES, extra_dpkg=_STANDIN_TRIM)
+HOOKS = {RANK_FS.repository: _RANK_HOOKS, STANDIN_FS.repository: _STANDIN_HOOKS}
+
+
+def rank_stage() -> FilesStage:
+    return FilesStage("sparkstack-sandbox-rank", RANK_FS, RANK_DOCKERFILE,
+                      {"sandbox-rank-init": RANK_INIT.encode(), "sandbox.conf": SSHD_CONF.encode()},
+                      {"sandbox-rank-init": 0o755})
+
+
+def standin_stage() -> FilesStage:
+    prog, flags = standin_program(), serve_flags_file()
+    for path, what in ((prog, "the stand-in vllm program"), (flags, "vLLM's serve flags table")):
+        if not path.is_file():
+            raise SandboxError(f"{what} is missing: {path}",
+                               "restore it from the repository (shared/ must sit next to the "
+                               "checkout, or set SPARKSTACK_SHARED)")
+    return FilesStage("sandbox-vllm", STANDIN_FS, STANDIN_DOCKERFILE,
+                      {"vllm": prog.read_bytes(), "serve-flags.json": flags.read_bytes()},
+                      {"vllm": 0o755})
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+def image_exists(client, tag: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def check_free_space(path: Path, need: int = MIN_FREE_BYTES) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path).free
+    if free < need:
+        raise SandboxError(
+            f"not enough disk space to build the sandbox base image: {free / 2**30:.1f} GiB free "
+            f"in {path}, {need / 2**30:.1f} GiB needed",
+            "free some space (e.g. `docker system prune`), or point TMPDIR at a larger disk")
+
+
+def _docker_root(client) -> Path | None:
+    try:
+        root = Path(client.info().get("DockerRootDir", ""))
+    except Exception:
+        return None
+    return root if root.is_dir() else None
+
+
+def build_rootfs(client, recipe: RootfsRecipe, progress=print) -> str:
+    """mmdebstrap the recipe into a tarball and import it; returns the tag. Reuses an existing tag."""
+    if image_exists(client, recipe.tag):
+        return recipe.tag
+    if shutil.which("mmdebstrap") is None:
+        raise SandboxError("mmdebstrap is not installed (the sandbox builds its base images from "
+                           "Debian packages)", "apt-get install mmdebstrap")
+    tmp = Path(tempfile.gettempdir())
+    check_free_space(tmp)
+    root = _docker_root(client)
+    if root is not None:
+        check_free_space(root)
+    progress(f"building {recipe.tag} from Debian {recipe.suite} packages (mmdebstrap, ~1-2 min)")
+    with tempfile.TemporaryDirectory(prefix="sparkstack-rootfs-") as td:
+        out = Path(td) / "rootfs.tar"
+        cmd = ["mmdebstrap", f"--variant={recipe.variant}", "--format=tar",
+               "--aptopt=APT::Install-Recommends \"false\"", f"--hook-dir={MERGED_USR_HOOKS}",
+               *(f"--dpkgopt={o}" for o in _DPKG_EXCLUDES + list(recipe.extra_dpkg)),
+               f"--include={','.join(recipe.packages)}",
+               *(f"--customize-hook={h}" for h in HOOKS.get(recipe.repository, [])),
+               recipe.suite, str(out), mirror()]
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+            if "No space left" in proc.stdout:
+                raise SandboxError(f"mmdebstrap ran out of disk space building {recipe.tag}",
+                                   "free some space (e.g. `docker system prune`) and retry")
+            raise SandboxError(f"mmdebstrap failed building {recipe.tag} (exit {proc.returncode}):\n{tail}",
+                               f"check that the Debian mirror {mirror()} is reachable "
+                               "(`apt-get update` works), or set SPARKSTACK_DEBIAN_MIRROR")
+        progress(f"importing {recipe.tag} ({out.stat().st_size / 2**20:.0f} MiB)")
+        try:
+            client.api.import_image_from_file(
+                str(out), repository=recipe.repository, tag=recipe.digest(),
+                changes=[f'LABEL {LABEL}="1"', 'CMD ["/bin/bash"]'])
+        except Exception as e:  # docker.errors.APIError and transport errors
+            if "no space left" in str(e).lower():
+                raise SandboxError(f"the Docker engine ran out of disk space importing {recipe.tag}",
+                                   "free some space (e.g. `docker system prune`) and retry") from None
+            raise SandboxError(f"docker import of {recipe.tag} failed: {e}",
+                               "check `docker info` and the engine's log") from None
+    if not image_exists(client, recipe.tag):
+        raise SandboxError(f"docker import of {recipe.tag} produced no image",
+                           "check `docker info` and the engine's log")
+    return recipe.tag
+
+
+def _context_tar(stage: FilesStage) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        files = dict(stage.files)
+        files["Dockerfile"] = stage.dockerfile.replace("{parent}", stage.parent.tag).encode()
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = stage.modes.get(name, 0o644)
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+def build_stage(client, stage: FilesStage, progress=print) -> str:
+    """Build the rootfs parent if needed, then the files stage; returns the stage's tag."""
+    if image_exists(client, stage.tag):
+        return stage.tag
+    build_rootfs(client, stage.parent, progress)
+    progress(f"building {stage.tag}")
+    errors = []
+    try:
+        for chunk in client.api.build(fileobj=_context_tar(stage), custom_context=True,
+                                      tag=stage.tag, rm=True, forcerm=True, decode=True,
+                                      labels={LABEL: "1"}):
+            if "error" in chunk:
+                errors.append(chunk["error"].strip())
+    except Exception as e:
+        errors.append(str(e))
+    if errors or not image_exists(client, stage.tag):
+        raise SandboxError(f"building {stage.tag} failed: {'; '.join(errors) or 'no image'}",
+                           "check `docker info` and the engine's log")
+    return stage.tag
+
+
+def drop_old_tags(client, repository: str, keep: str) -> None:
+    """Untag older builds of one of the sandbox's own repositories (in-use ones stay)."""
+    for img in client.images.list(name=repository):
+        for tag in img.tags:
+            if tag != keep and tag.split(":")[0] == repository:
+                try:
+                    client.images.remove(tag)
+                except Exception:
+                    pass
+
+
+def ensure_images(client, progress=print) -> dict[str, str]:
+    """Both sandbox images, built only when their content-hash tag is missing."""
+    stages = {"rank": rank_stage(), "vllm": standin_stage()}
+    missing = [st.parent for st in stages.values()
+               if not image_exists(client, st.tag) and not image_exists(client, st.parent.tag)]
+    if len(missing) > 1:
+        # the two mmdebstrap runs mostly wait on downloads and dpkg: run them side by side
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(len(missing)) as pool:
+            for fut in [pool.submit(build_rootfs, client, recipe, progress) for recipe in missing]:
+                fut.result()
+    tags = {key: build_stage(client, st, progress) for key, st in stages.items()}
+    for st in stages.values():
+        drop_old_tags(client, st.repository, st.tag)
+        drop_old_tags(client, st.parent.repository, st.parent.tag)
+    return tags
+
+
+def all_repositories() -> list[str]:
+    return [RANK_FS.repository, STANDIN_FS.repository, "sparkstack-sandbox-rank", "sandbox-vllm"]
+
+
+def remove_cached_images(client) -> list[str]:
+    """Remove every sandbox image (for a cold start); returns the tags removed."""
+    removed = []
+    for repo in ["sandbox-vllm", "sparkstack-sandbox-rank", RANK_FS.repository, STANDIN_FS.repository]:
+        for img in client.images.list(name=repo):
+            for tag in img.tags:
+                try:
+                    client.images.remove(tag, force=True)
+                    removed.append(tag)
+                except Exception:
+                    pass
+    return removed

@@ -1,0 +1,607 @@
+#!/usr/bin/env python3
+"""SANDBOX STAND-IN for `vllm serve` (vLLM 0.33). This is NOT vLLM: it loads no model and needs
+no GPU. It is installed as `/usr/local/bin/vllm` in the sandbox's `sandbox-vllm` image so the kit
+can be exercised end to end on a laptop. Standard library only (Debian bookworm's python3).
+
+What it mimics, for what the kit touches:
+- argv: `vllm serve [MODEL] [flags]` is parsed against vLLM 0.33's own option table (a JSON file:
+  option -> {dest, nargs, choices, type}) the way vLLM's FlexibleArgumentParser does: `--opt=v`,
+  `--opt_name` == `--opt-name`, dotted sub-keys for dict-typed options
+  (`--compilation-config.pass_config.fuse_allreduce_rms=true`), JSON values checked. Anything
+  vLLM would refuse exits 2 with argparse's message ("unrecognized arguments: --foo").
+  `vllm --version` prints the version.
+- it records its argv, parsed options and full environment as JSON (see write_record) so tests
+  can assert on exactly what the launcher started;
+- `--headless` serves nothing (a multi-node worker rank) until SIGTERM;
+- otherwise the OpenAI API: GET /health, /v1/models, /metrics (vLLM metric names), /version and
+  POST /v1/chat/completions (streaming SSE with usage, reasoning, a needle-answering trick),
+  paced at a configurable token rate, with optional `--api-key`.
+
+Environment knobs (all optional):
+  SANDBOX_VLLM_VERSION              version string (0.33.0)
+  SANDBOX_VLLM_FLAGS                option table (/usr/share/sandbox-vllm/serve-flags.json)
+  SANDBOX_VLLM_RECORD               record file (/var/log/sandbox-vllm/record.json)
+  SANDBOX_VLLM_TOKENS_PER_S         per-stream decode rate (40)
+  SANDBOX_VLLM_TTFT_S               fixed time to first token (0.05), plus prefill:
+  SANDBOX_VLLM_PREFILL_TOKENS_PER_S prompt tokens per second of prefill (5000)
+  SANDBOX_VLLM_ACCEPTED_PER_DRAFT   spec-decode accepted tokens per draft (1.5)
+  SANDBOX_VLLM_STARTUP_S            delay before the API port opens, like weight loading (0)
+  SANDBOX_VLLM_FAIL                 exit:<code> (crash after the startup log) | malformed (broken
+                                    SSE chunks / JSON bodies) | unset = normal
+  SANDBOX_VLLM_MAX_GPU_UTIL         if set, refuse (exit 1) a --gpu-memory-utilization (vLLM
+                                    default 0.9) above it, like vLLM's free-memory startup guard
+  SANDBOX_VLLM_MIN_NOFILE           if set, refuse (exit 1) a soft RLIMIT_NOFILE below it, like
+                                    NCCL's "Too many open files" at 4 ranks
+  VLLM_API_KEY                      API key when --api-key is not given (as vLLM does)
+
+Prompt tokens are counted deterministically as round(1.3 x whitespace-separated words) over all
+message texts (at least 1); each generated token is one word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import signal
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+DEFAULT_FLAGS = "/usr/share/sandbox-vllm/serve-flags.json"
+DEFAULT_RECORD = "/var/log/sandbox-vllm/record.json"
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` uses when no model is named
+# vLLM's TTFT histogram buckets (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+# Option types vLLM parses as JSON; only these (and *_config options, whose Optional wrapper
+# hides a dataclass parser in the table) take dotted sub-keys.
+JSON_TYPES = {"parse_dataclass", "union_dict_and_str", "loads", "_parse_type"}
+ANSWER = ("Four small machines share one model and each holds a slice of every layer while the "
+          "fabric between them carries partial sums back and forth for every token that leaves "
+          "the server so the answer arrives one word at a time at a steady pace").split()
+REASONING = "Let me think about what is being asked and answer it plainly.".split()
+ASKS_FOR_NEEDLE = re.compile(r"\b(secret|code|needle|password|passphrase)\b", re.I)
+NEEDLE_FACT = re.compile(r"\b(secret|code|needle|password|passphrase)\b.*\bis\b.*\d", re.I)
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def knob(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def log(msg: str, level: str = "INFO") -> None:
+    """vLLM-style log line on stderr, marked as the stand-in so nobody mistakes it."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"{level} {stamp} [sandbox-standin] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- argv, like FlexibleArgumentParser
+
+def is_json_option(spec: dict) -> bool:
+    return spec["type"] in JSON_TYPES or (
+        spec["type"] == "_optional_type" and spec["dest"].endswith("_config"))
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's `1k` = 1000, `1K` = 1024 (binary suffixes take no decimals), else a plain int."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+    if not m:
+        return int(value)
+    number, suffix = m.groups()
+    if suffix.islower():
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    if "." in number:
+        raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like "
+                                         f"{suffix}. Did you mean {number}{suffix.lower()}?")
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    return -1 if value.lower() in ("auto", "-1") else human_readable_int(value)
+
+
+def converter(spec: dict):
+    """The value parser for one option type, named like vLLM's so argparse messages match."""
+    kind = spec["type"]
+
+    def json_value(val: str):
+        try:
+            out = json.loads(val)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"invalid JSON {val!r}: {e}") from e
+        if kind != "loads" and not isinstance(out, dict):
+            raise argparse.ArgumentTypeError(f"expected a JSON object, got {val!r}")
+        return out
+
+    if kind == "union_dict_and_str":  # a JSON object if it looks like one, else the string
+        return lambda v: json_value(v) if re.match(r"(?s)^\s*{.*}\s*$", v) else v
+    if kind == "_optional_type":
+        inner = json_value if is_json_option(spec) else str
+        return lambda v: None if v in ("", "None") else inner(v)
+    if kind in JSON_TYPES:
+        return json_value
+    return {"int": int, "float": float, "human_readable_int": human_readable_int,
+            "human_readable_int_or_auto": human_readable_int_or_auto}.get(kind, str)
+
+
+def build_parser(table: dict) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm serve", usage="vllm serve [model_tag] [options]",
+                                     allow_abbrev=False)  # vLLM turns abbreviations off too
+    parser.add_argument("model_tag", nargs="?", default=argparse.SUPPRESS)
+    # Aliases (-tp / --tensor-parallel-size) share a dest; `--no-X` is the negative of `--X`.
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for opt, spec in table.items():
+        positive = table.get("--" + opt[5:], {}) if opt.startswith("--no-") else {}
+        negative = positive.get("dest") == spec["dest"]
+        if spec["dest"] != "help":  # argparse brings its own -h/--help
+            groups.setdefault((spec["dest"], negative), []).append(opt)
+    for (dest, negative), opts in groups.items():
+        spec = table[opts[0]]
+        # SUPPRESS: the namespace then holds exactly what was given, which is what we record.
+        kw: dict = {"dest": dest, "default": argparse.SUPPRESS}
+        if spec["nargs"] == "0":
+            kw["action"] = "store_false" if negative else "store_true"
+        else:
+            kw["type"] = converter(spec)
+            if spec["nargs"] in ("+", "?"):
+                kw["nargs"] = spec["nargs"]
+            if spec["choices"]:
+                kw["choices"] = spec["choices"]
+        parser.add_argument(*opts, **kw)
+    return parser
+
+
+def normalise_argv(args: list[str], table: dict, parser: argparse.ArgumentParser) -> list[str]:
+    """FlexibleArgumentParser's rewrite: `--a_b` -> `--a-b`, and dotted sub-keys of one option
+    (`--x.a.b=1 --x.c 2`) merged into one JSON value appended as `--x '{"a":{"b":1},"c":2}'`."""
+    out: list[str] = []
+    for arg in args:
+        if arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            head, dot, rest = key.partition(".")
+            arg = head.replace("_", "-") + dot + rest + eq + value
+        out.append(arg)
+    merged: dict[str, tuple[str, dict]] = {}  # dest -> (option as first written, sub-keys)
+    kept: list[str] = []
+    i = 0
+    while i < len(out):
+        arg = out[i]
+        key, eq, value = arg.partition("=")
+        base, dot, sub = key.partition(".")
+        spec = table.get(base)
+        if not (arg.startswith("-") and dot and spec):
+            kept.append(arg)  # not a dotted key of a known option (unknown ones error later)
+            i += 1
+            continue
+        if not is_json_option(spec):
+            parser.error(f"argument {base}: takes no dotted sub-keys ({key})")
+        if not eq:
+            if i + 1 >= len(out):
+                parser.error(f"argument {key}: expected one argument")
+            value, i = out[i + 1], i + 1
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value  # vLLM keeps non-JSON leaves as strings
+        # by dest, so -cc.x and --compilation-config.y end up in one value
+        node = merged.setdefault(spec["dest"], (base, {}))[1]
+        *parents, leaf = sub.split(".")
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}  # a later, deeper key wins over an earlier leaf
+            node = node[p]
+        node[leaf] = parsed
+        i += 1
+    for base, value in merged.values():
+        kept += [base, json.dumps(value)]
+    return kept
+
+
+def parse_serve(args: list[str], table: dict) -> tuple[str, dict]:
+    """Returns (model, options given as dest -> value); exits 2 like vLLM on anything bad."""
+    parser = build_parser(table)
+    ns = vars(parser.parse_args(normalise_argv(args, table, parser)))
+    model = ns.pop("model_tag", None) or ns.get("model") or DEFAULT_MODEL
+    return model, ns
+
+
+def write_record(path: str, argv: list[str], model: str, options: dict, mode: str) -> None:
+    """The record: {"argv": [after `vllm`], "model", "mode": "api"|"headless", "options":
+    {dest: value, only those given}, "env": {full environment}, "pid", "version", "started_at"}.
+    Written atomically so a reader never sees half a file."""
+    record = {"argv": argv, "model": model, "mode": mode, "options": options,
+              "env": dict(os.environ), "pid": os.getpid(),
+              "version": os.environ.get("SANDBOX_VLLM_VERSION", "0.33.0"),
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def startup_guards(options: dict) -> str | None:
+    """Opt-in imitations of refusals the seeds hit on real Sparks; returns the error or None."""
+    limit = os.environ.get("SANDBOX_VLLM_MAX_GPU_UTIL")
+    util = options.get("gpu_memory_utilization", 0.9)
+    if limit and util > float(limit):
+        return (f"ValueError: Free memory on device cuda:0 on startup is less than desired GPU "
+                f"memory utilization ({util}). Decrease GPU memory utilization or use "
+                f"--kv-cache-memory-bytes.")
+    need = os.environ.get("SANDBOX_VLLM_MIN_NOFILE")
+    have = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if need and have != resource.RLIM_INFINITY and have < int(need):
+        return ("RuntimeError: NCCL error: unhandled system error "
+                f"(Too many open files, nofile={have})")
+    return None
+
+
+# ---------------------------------------------------------------- the fake engine
+
+def message_text(message: dict) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # OpenAI content parts
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def count_prompt_tokens(messages: list) -> int:
+    words = sum(len(message_text(m).split()) for m in messages if isinstance(m, dict))
+    return max(1, round(words * 1.3))
+
+
+def find_needle(messages: list) -> str | None:
+    """If the last user message asks for a secret/code/needle, the prompt's sentence stating it
+    (a keyword, then `is`, then something with a digit, not a question), so needle tests PASS."""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    if not users or not ASKS_FOR_NEEDLE.search(message_text(users[-1])):
+        return None
+    text = "\n".join(message_text(m) for m in messages if isinstance(m, dict))
+    for sentence in SENTENCE_BREAK.split(text):
+        sentence = sentence.strip()
+        if NEEDLE_FACT.search(sentence) and not sentence.endswith("?"):
+            return sentence
+    return None
+
+
+def spaced(words: list[str]) -> list[str]:
+    """Token texts as a tokenizer streams them: a leading space on all but the first."""
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+def plan_tokens(req: dict) -> tuple[list[tuple[str, str]], str]:
+    """The reply as [(delta field, text)], one word a token, and its finish_reason. Without
+    max_tokens the canned answer ends naturally ("stop"); with it, exactly max_tokens are
+    generated ("length") unless a needle answer is shorter, which is what benches expect."""
+    max_tokens = req.get("max_tokens") or req.get("max_completion_tokens")
+    kwargs = req.get("chat_template_kwargs") or {}
+    thinking = kwargs.get("reasoning_effort") == "high" or req.get("reasoning_effort") == "high"
+    needle = find_needle(req.get("messages") or [])
+    budget = max_tokens or (len(REASONING) + len(ANSWER))
+    n_reason = min(len(REASONING), budget // 2) if thinking else 0  # "the first few tokens"
+    if needle:
+        words = needle.split()
+    elif max_tokens:
+        words = [ANSWER[i % len(ANSWER)] for i in range(budget)]
+    else:
+        words = ANSWER
+    body = words[:budget - n_reason]
+    tokens = [("reasoning_content", w) for w in spaced(REASONING[:n_reason])]
+    tokens += [("content", w) for w in spaced(body)]
+    natural_end = (needle or not max_tokens) and len(body) == len(words)
+    return tokens, "stop" if natural_end else "length"
+
+
+class Engine:
+    """Shared state of the server: configuration, pacing and the Prometheus counters."""
+
+    def __init__(self, model: str, options: dict):
+        self.names = options.get("served_model_name") or [model]
+        self.keys = options.get("api_key") or (
+            [os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else [])
+        spec = options.get("speculative_config")
+        self.spec_k = (spec or {}).get("num_speculative_tokens", 1) if spec is not None else None
+        mml = options.get("max_model_len")
+        self.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
+        self.tps = knob("SANDBOX_VLLM_TOKENS_PER_S", 40)
+        self.ttft = knob("SANDBOX_VLLM_TTFT_S", 0.05)
+        self.prefill_tps = knob("SANDBOX_VLLM_PREFILL_TOKENS_PER_S", 5000)
+        self.accepted = knob("SANDBOX_VLLM_ACCEPTED_PER_DRAFT", 1.5)
+        self.malformed = os.environ.get("SANDBOX_VLLM_FAIL") == "malformed"
+        self.lock = threading.Lock()
+        self.prompt_total = self.gen_total = self.running = self.ttft_sum = 0
+        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)  # last slot: +Inf
+
+    def paced(self, tokens: list, prompt_tokens: int, t0: float):
+        """Yields tokens at their due time: the first after TTFT (+ prefill), then one every
+        1/tokens_per_s, on absolute deadlines so sleep jitter does not accumulate. Each stream
+        is its own thread, so concurrent streams each get the full per-stream rate."""
+        first_at = t0 + self.ttft + prompt_tokens / self.prefill_tps
+        for i, token in enumerate(tokens):
+            time.sleep(max(0.0, first_at + i / self.tps - time.monotonic()))
+            with self.lock:
+                if i == 0:
+                    self._observe_ttft(time.monotonic() - t0, prompt_tokens)
+                self.gen_total += 1
+            yield i, token
+
+    def _observe_ttft(self, seconds: float, prompt_tokens: int) -> None:
+        self.prompt_total += prompt_tokens
+        self.ttft_sum += seconds
+        slot = next((i for i, b in enumerate(TTFT_BUCKETS) if seconds <= b), len(TTFT_BUCKETS))
+        self.ttft_counts[slot] += 1
+
+    def metrics(self) -> str:
+        labels = f'engine="0",model_name="{self.names[0]}"'
+        with self.lock:
+            lines = [*counter("vllm:prompt_tokens_total", labels, self.prompt_total),
+                     *counter("vllm:generation_tokens_total", labels, self.gen_total),
+                     "# TYPE vllm:num_requests_running gauge",
+                     f"vllm:num_requests_running{{{labels}}} {float(self.running)}",
+                     "# TYPE vllm:time_to_first_token_seconds histogram"]
+            cumulative = 0
+            for bound, n in zip((*TTFT_BUCKETS, "+Inf"), self.ttft_counts):
+                cumulative += n
+                lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{bound}"}} '
+                             f"{float(cumulative)}")
+            lines += [f"vllm:time_to_first_token_seconds_sum{{{labels}}} {self.ttft_sum}",
+                      f"vllm:time_to_first_token_seconds_count{{{labels}}} {float(cumulative)}"]
+            if self.spec_k is not None:
+                # Every step emits 1 + accepted tokens, so drafts = generated / (1 + accepted).
+                drafts = int(self.gen_total / (1 + self.accepted))
+                lines += [*counter("vllm:spec_decode_num_drafts_total", labels, drafts),
+                          *counter("vllm:spec_decode_num_draft_tokens_total", labels,
+                                   drafts * self.spec_k),
+                          *counter("vllm:spec_decode_num_accepted_tokens_total", labels,
+                                   round(drafts * self.accepted))]
+        return "\n".join(lines) + "\n"
+
+
+def counter(name: str, labels: str, value: float) -> list[str]:
+    return [f"# TYPE {name} counter", f"{name}{{{labels}}} {float(value)}"]
+
+
+# ---------------------------------------------------------------- HTTP
+
+def api_error(message: str, code: int, kind: str = "BadRequestError") -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive; streams use chunked encoding like uvicorn
+    server_version = "sandbox-vllm-standin"
+    engine: Engine  # set by serve()
+
+    def log_message(self, fmt, *args):  # uvicorn-style access line
+        print(f"INFO:     {self.client_address[0]} - {fmt % args}", file=sys.stderr, flush=True)
+
+    def send_body(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_json(self, status: int, obj) -> None:
+        self.send_body(status, json.dumps(obj).encode())
+
+    def authorized(self, path: str) -> bool:
+        """vLLM checks the key on /v1/* only; /health and /metrics stay open."""
+        keys = self.engine.keys
+        if not keys or not path.startswith("/v1"):
+            return True
+        header = self.headers.get("Authorization", "")
+        if header.startswith("Bearer ") and header[7:] in keys:
+            return True
+        self.send_json(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            return self.send_body(200, b"", "text/plain")
+        if path == "/metrics":
+            return self.send_body(200, self.engine.metrics().encode(),
+                                  "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/version":
+            version = os.environ.get("SANDBOX_VLLM_VERSION", "0.33.0")
+            return self.send_json(200, {"version": version})
+        if not self.authorized(path):
+            return
+        if path == "/v1/models":
+            now = int(time.time())
+            return self.send_json(200, {"object": "list", "data": [
+                {"id": n, "object": "model", "created": now, "owned_by": "vllm", "root": n,
+                 "max_model_len": self.engine.max_model_len} for n in self.engine.names]})
+        status = 405 if path == "/v1/chat/completions" else 404
+        self.send_json(status, {"detail": "Method Not Allowed" if status == 405 else "Not Found"})
+
+    def do_POST(self):
+        t0 = time.monotonic()
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not self.authorized(path):
+            return
+        if path != "/v1/chat/completions":
+            return self.send_json(404, {"detail": "Not Found"})
+        try:
+            req = json.loads(raw or b"null")
+            assert isinstance(req, dict) and isinstance(req.get("messages"), list)
+        except (ValueError, AssertionError):
+            return self.send_json(400, api_error("body must be a JSON object with `messages`", 400))
+        error = self.check(req)
+        if error:
+            return self.send_json(error["error"]["code"], error)
+        with self.engine.lock:
+            self.engine.running += 1
+        try:
+            self.complete(req, t0)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away mid-stream; nothing to tell it
+        finally:
+            with self.engine.lock:
+                self.engine.running -= 1
+
+    def check(self, req: dict) -> dict | None:
+        """The request-level refusals vLLM makes that a client could trip over."""
+        model = req.get("model")
+        if model and model not in self.engine.names:
+            return api_error(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        max_tokens = req.get("max_tokens") or req.get("max_completion_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            return api_error("max_tokens must be at least 1", 400)
+        prompt = count_prompt_tokens(req["messages"])
+        limit = self.engine.max_model_len
+        if limit and prompt + (max_tokens or 0) > limit:
+            return api_error(f"This model's maximum context length is {limit} tokens. However, "
+                             f"you requested {prompt + (max_tokens or 0)} tokens ({prompt} in the "
+                             f"messages, {max_tokens or 0} in the completion).", 400)
+        return None
+
+    def complete(self, req: dict, t0: float) -> None:
+        tokens, finish = plan_tokens(req)
+        prompt = count_prompt_tokens(req["messages"])
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(tokens),
+                 "total_tokens": prompt + len(tokens)}
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": req.get("model") or self.engine.names[0]}
+        paced = self.engine.paced(tokens, prompt, t0)
+        if req.get("stream"):
+            include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+            return self.stream(base, paced, len(tokens), finish, usage if include_usage else None)
+        parts: dict[str, str] = {"content": "", "reasoning_content": ""}
+        for _, (field, text) in paced:
+            parts[field] += text
+        message = {"role": "assistant", "content": parts["content"],
+                   "reasoning_content": parts["reasoning_content"] or None}
+        body = {**base, "object": "chat.completion", "usage": usage, "choices": [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}]}
+        if self.engine.malformed:
+            return self.send_body(200, json.dumps(body).encode()[:-7])
+        self.send_json(200, body)
+
+    def stream(self, base: dict, paced, n: int, finish: str, usage: dict | None) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(choices: list, **extra) -> None:
+            self.sse(json.dumps({**base, "object": "chat.completion.chunk", "choices": choices,
+                                 **extra}))
+
+        for i, (field, text) in paced:
+            if i == 0:  # vLLM's first chunk carries the role, with the first output
+                chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None, "finish_reason": None}])
+                if self.engine.malformed:
+                    self.sse('{"id": "chatcmpl-broken", "choices": [{"delta": {"content": "oo')
+                    break
+            chunk([{"index": 0, "delta": {field: text}, "logprobs": None,
+                    "finish_reason": finish if i == n - 1 else None}])
+        if usage and not self.engine.malformed:
+            chunk([], usage=usage)
+        self.sse("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")  # end of the chunked body
+
+    def sse(self, data: str) -> None:
+        payload = f"data: {data}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+        self.wfile.flush()
+
+
+# ---------------------------------------------------------------- process
+
+STOP = threading.Event()  # set by SIGTERM/SIGINT; every wait below ends on it
+
+
+def wait_for_signal(seconds: float = float("inf")) -> bool:
+    """Sleeps until SIGTERM/SIGINT (True) or `seconds` pass (False). Short polls keep the main
+    thread responsive to signals."""
+    deadline = time.monotonic() + seconds
+    while not STOP.wait(0.2):
+        if time.monotonic() >= deadline:
+            return False
+    return True
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True  # streams in flight must not hold up shutdown
+    request_queue_size = 128  # a bench opens many connections at once
+
+
+def serve(model: str, options: dict) -> int:
+    engine = Engine(model, options)
+    host, port = options.get("host") or "0.0.0.0", options.get("port") or 8000
+    Handler.engine = engine
+    try:
+        server = Server((host, port), Handler)
+    except OSError as e:
+        log(f"failed to bind {host}:{port}: {e}", "ERROR")
+        return 1
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"INFO:     Started server process [{os.getpid()}]\nINFO:     Application startup "
+          f"complete.\nINFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)",
+          file=sys.stderr, flush=True)
+    wait_for_signal()
+    log("shutting down")
+    server.shutdown()
+    server.server_close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    version = os.environ.get("SANDBOX_VLLM_VERSION", "0.33.0")
+    if argv[:1] in (["--version"], ["-v"]):
+        print(version)
+        return 0
+    if argv[:1] != ["serve"]:
+        problem = (f"argument subcommand: invalid choice: {argv[0]!r} (choose from 'serve')"
+                   if argv else "the following arguments are required: subcommand")
+        print(f"usage: vllm [--version] serve ...  (sandbox stand-in: only `serve` and "
+              f"`--version` exist)\nvllm: error: {problem}", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):  # early, so a stop while starting is clean too
+        signal.signal(sig, lambda *_: STOP.set())
+    flags = os.environ.get("SANDBOX_VLLM_FLAGS", DEFAULT_FLAGS)
+    try:
+        with open(flags) as f:
+            table = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"vllm (sandbox stand-in): cannot read the option table {flags}: {e}; "
+              f"set SANDBOX_VLLM_FLAGS", file=sys.stderr)
+        return 1
+    model, options = parse_serve(argv[1:], table)
+    headless = bool(options.get("headless"))
+    write_record(os.environ.get("SANDBOX_VLLM_RECORD", DEFAULT_RECORD), argv, model, options,
+                 "headless" if headless else "api")
+    log(f"vLLM API server version {version} (SANDBOX STAND-IN, not vLLM)")
+    log(f"non-default args: {options} model={model!r}")
+    problem = startup_guards(options)
+    if problem:
+        log(problem, "ERROR")
+        return 1
+    fail = os.environ.get("SANDBOX_VLLM_FAIL", "")
+    if fail.startswith("exit:"):
+        log(f"EngineCore failed to start (simulated by SANDBOX_VLLM_FAIL={fail})", "ERROR")
+        return int(fail[5:])
+    if wait_for_signal(knob("SANDBOX_VLLM_STARTUP_S", 0)):  # "loading weights"
+        return 0
+    if headless:
+        master = f"{options.get('master_addr', '?')}:{options.get('master_port', '?')}"
+        log(f"headless worker rank {options.get('node_rank', 0)} of {options.get('nnodes', 1)} "
+            f"(master {master}); serving no API")
+        wait_for_signal()
+        return 0
+    return serve(model, options)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

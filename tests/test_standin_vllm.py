@@ -1,0 +1,376 @@
+"""The sandbox's stand-in `vllm` (launcher/sandbox/standin_vllm.py), run as a real process on
+127.0.0.1 and spoken to over real HTTP with the standard library only."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
+FLAGS = (ROOT / ".." / "shared" / "vllm" / "serve-flags-0.33.json").resolve()
+SEED_FLAGS = [
+    "--kv-cache-dtype", "fp8", "--max-model-len", "200000", "--max-num-seqs", "8",
+    "--kv-cache-memory-bytes", "14092861440", "--async-scheduling",
+    "--compilation-config.pass_config.fuse_allreduce_rms=true",
+    "--cudagraph-capture-sizes", "1", "2", "3", "4", "6", "8", "12", "24",
+    "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}',
+    "--tensor-parallel-size", "4", "--decode-context-parallel-size", "4",
+]
+KEY = "sk-sandbox"
+RATE, TTFT = 50.0, 0.1
+
+
+def load_module():
+    """Imported by file path: launcher/sandbox/ has no package marker this test may rely on."""
+    spec = importlib.util.spec_from_file_location("standin_vllm", STANDIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Standin:
+    """One `vllm` process; stderr goes to a file so a chatty server can never block on a pipe."""
+
+    def __init__(self, tmp: Path, args: list[str], env: dict | None = None, serve=True):
+        self.port = free_port()
+        self.record = tmp / "log" / "record.json"
+        self.stderr_path = tmp / "stderr.log"
+        self.env = {**os.environ, "SANDBOX_VLLM_FLAGS": str(FLAGS),
+                    "SANDBOX_VLLM_RECORD": str(self.record), "STANDIN_TEST_MARK": "42",
+                    **(env or {})}
+        head = ["serve", "test/model", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.argv = (head if serve else []) + args
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, str(STANDIN), *self.argv], env=self.env,
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_healthy(self) -> "Standin":
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.stderr
+            try:
+                if http(self.port, "/health")[0] == 200:
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"never healthy:\n{self.stderr}")
+
+    def wait_log(self, text: str) -> None:
+        deadline = time.monotonic() + 10
+        while text not in self.stderr:
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.stderr
+            time.sleep(0.05)
+
+    def stop(self, sig=signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=10)
+
+
+def http(port: int, path: str, body: dict | None = None, key: str | None = None):
+    """(status, body bytes) of one request; HTTP errors are answers, not exceptions."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def chat(max_tokens=20, text="Tell me about four small machines.", **extra) -> dict:
+    return {"model": extra.pop("model", None) or "glm", "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": text}], **extra}
+
+
+def stream(port: int, body: dict, key: str | None = KEY) -> tuple[float, list[tuple[float, str]]]:
+    """Start time and every SSE `data:` payload with the moment it arrived."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                 data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
+    t0, events = time.monotonic(), []
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        for line in resp:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                events.append((time.monotonic(), line[6:]))
+    return t0, events
+
+
+def metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory):
+    """The seed-001 TP4 command line, with an API key and a served name, at a known rate."""
+    tmp = tmp_path_factory.mktemp("seed")
+    env = {"SANDBOX_VLLM_TOKENS_PER_S": str(RATE), "SANDBOX_VLLM_TTFT_S": str(TTFT)}
+    args = [*SEED_FLAGS, "--api-key", KEY, "--served-model-name", "glm", "glm-alias"]
+    server = Standin(tmp, args, env).wait_healthy()
+    yield server
+    assert server.stop() == 0, server.stderr
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """No key, no speculative decoding, a short context, fast tokens."""
+    tmp = tmp_path_factory.mktemp("plain")
+    server = Standin(tmp, ["--max-model-len", "1000"], {"SANDBOX_VLLM_TOKENS_PER_S": "400"})
+    yield server.wait_healthy()
+    assert server.stop(signal.SIGINT) == 0, server.stderr
+
+
+# ---------------------------------------------------------------- argv
+
+def run_once(tmp_path, args, env=None, serve=True) -> subprocess.CompletedProcess:
+    server = Standin(tmp_path, args, env, serve)
+    server.proc.wait(timeout=10)
+    return subprocess.CompletedProcess(server.argv, server.proc.returncode,
+                                       server.proc.stdout.read(), server.stderr)
+
+
+def test_version(tmp_path):
+    assert run_once(tmp_path, ["--version"], serve=False).stdout.strip() == "0.33.0"
+    out = run_once(tmp_path, ["--version"], {"SANDBOX_VLLM_VERSION": "0.33.1"}, serve=False)
+    assert out.stdout.strip() == "0.33.1"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--foo"], "vllm serve: error: unrecognized arguments: --foo"),
+    (["--foo.bar=1"], "unrecognized arguments: --foo.bar=1"),
+    (["--all2all-backend", "bogus"], "argument --all2all-backend: invalid choice: 'bogus'"),
+    (["--speculative-config", '{"method": mtp}'],
+     "argument --speculative-config/-sc: invalid JSON"),
+    (["--compilation-config", "[1]"], "expected a JSON object"),
+    (["--port.x", "1"], "argument --port: takes no dotted sub-keys"),
+    (["--max-num-seqs", "eight"], "argument --max-num-seqs: invalid int value: 'eight'"),
+    (["--max-model-len", "1.5K"], "Decimals are not allowed"),
+])
+def test_refuses_what_vllm_refuses(tmp_path, args, message):
+    out = run_once(tmp_path, args)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "log" / "record.json").exists()
+
+
+def test_flexible_argv_forms(tmp_path):
+    """--a_b spelling, --opt=value, aliases, dotted keys merged across -cc/--compilation-config."""
+    out = run_once(tmp_path, ["--max_num_batched_tokens=8k", "-tp", "2", "-cc.mode=3",
+                              "--compilation-config.pass_config.fuse_allreduce_rms", "true",
+                              "--no-async-scheduling", "--max-model-len", "auto",
+                              "--hf-overrides", "plain-string"], {"SANDBOX_VLLM_FAIL": "exit:0"})
+    assert out.returncode == 0, out.stderr
+    options = json.loads((tmp_path / "log" / "record.json").read_text())["options"]
+    assert options["max_num_batched_tokens"] == 8000 and options["tensor_parallel_size"] == 2
+    assert options["compilation_config"] == {"mode": 3, "pass_config": {"fuse_allreduce_rms": True}}
+    assert options["async_scheduling"] is False and options["max_model_len"] == -1
+    assert options["hf_overrides"] == "plain-string"
+
+
+def test_seed_flags_recorded(seed):
+    record = json.loads(seed.record.read_text())
+    assert record["argv"] == seed.argv and record["mode"] == "api"
+    assert record["model"] == "test/model"
+    assert record["env"]["STANDIN_TEST_MARK"] == "42" and record["pid"] == seed.proc.pid
+    o = record["options"]
+    assert o["kv_cache_dtype"] == "fp8" and o["max_model_len"] == 200000 and o["max_num_seqs"] == 8
+    assert o["kv_cache_memory_bytes"] == "14092861440" and o["async_scheduling"] is True
+    assert o["compilation_config"] == {"pass_config": {"fuse_allreduce_rms": True}}
+    assert o["cudagraph_capture_sizes"] == [1, 2, 3, 4, 6, 8, 12, 24]
+    assert o["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert o["tensor_parallel_size"] == 4 and o["decode_context_parallel_size"] == 4
+    assert "gpu_memory_utilization" not in o  # only what was given is recorded
+    assert "SANDBOX STAND-IN" in seed.stderr
+
+
+def test_fail_exit_knob_and_guards(tmp_path):
+    out = run_once(tmp_path, ["--tensor-parallel-size", "4"], {"SANDBOX_VLLM_FAIL": "exit:3"})
+    assert out.returncode == 3 and "EngineCore failed" in out.stderr
+    options = json.loads((tmp_path / "log" / "record.json").read_text())["options"]
+    assert options["tensor_parallel_size"] == 4  # recorded before the simulated crash
+    guard = {"SANDBOX_VLLM_MAX_GPU_UTIL": "0.82", "SANDBOX_VLLM_FAIL": "exit:0"}
+    refused = run_once(tmp_path, ["--gpu-memory-utilization", "0.9"], guard)
+    assert refused.returncode == 1 and "less than desired GPU memory utilization" in refused.stderr
+    assert run_once(tmp_path, ["--gpu-memory-utilization", "0.8"], guard).returncode == 0
+
+
+# ---------------------------------------------------------------- API
+
+def test_api_key_on_v1_only(seed):
+    assert http(seed.port, "/v1/models")[0] == 401
+    assert http(seed.port, "/v1/models", key="wrong")[0] == 401
+    status, body = http(seed.port, "/v1/chat/completions", chat(), key=None)
+    assert status == 401 and json.loads(body) == {"error": "Unauthorized"}
+    assert http(seed.port, "/health")[0] == 200 and http(seed.port, "/metrics")[0] == 200
+    status, body = http(seed.port, "/v1/models", key=KEY)
+    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["glm", "glm-alias"]
+
+
+def test_models_default_to_model_name(plain):
+    status, body = http(plain.port, "/v1/models")
+    assert status == 200 and json.loads(body)["data"][0]["id"] == "test/model"
+
+
+def test_stream_with_usage(seed):
+    _, events = stream(seed.port, chat(12, stream_options={"include_usage": True}))
+    assert events[-1][1] == "[DONE]"
+    chunks = [json.loads(data) for _, data in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "glm" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert len(text.split()) == 12
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    usage = chunks[-1]["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 12 and usage["prompt_tokens"] > 0
+
+
+def test_stream_without_usage_has_no_usage_chunk(seed):
+    _, events = stream(seed.port, chat(3))
+    assert all(json.loads(d)["choices"] for _, d in events[:-1])
+
+
+def test_decode_rate_and_ttft_per_stream(seed):
+    """Four concurrent streams, each measured the way the bench does: completion tokens /
+    (wall - TTFT), TTFT = first non-empty content; each within 10% of the configured rate."""
+    results = []
+
+    def one():
+        t0, events = stream(seed.port, chat(40, stream_options={"include_usage": True}))
+        firsts = [t for t, d in events if d != "[DONE]" and
+                  (json.loads(d)["choices"] or [{}])[0].get("delta", {}).get("content")]
+        usage = json.loads(events[-2][1])["usage"]
+        results.append((firsts[0] - t0, usage["completion_tokens"] / (events[-1][0] - firsts[0])))
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4
+    for ttft, rate in results:
+        assert abs(rate - RATE) / RATE < 0.10, results
+        assert TTFT <= ttft < TTFT + 0.05, results
+
+
+def test_metrics_count_tokens_and_spec_decode(seed):
+    before = http(seed.port, "/metrics")[1].decode()
+    status, body = http(seed.port, "/v1/chat/completions", chat(30), key=KEY)
+    usage = json.loads(body)["usage"]
+    after = http(seed.port, "/metrics")[1].decode()
+
+    def delta(name):
+        return metric(after, name) - metric(before, name)
+
+    assert status == 200 and usage["completion_tokens"] == 30
+    assert delta("vllm:generation_tokens_total") == 30
+    assert delta("vllm:prompt_tokens_total") == usage["prompt_tokens"]
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",model_name="glm",le="+Inf"}' in after
+    assert metric(after, "vllm:num_requests_running") == 0
+    drafts, accepted = metric(after, "vllm:spec_decode_num_drafts_total"), metric(
+        after, "vllm:spec_decode_num_accepted_tokens_total")
+    assert delta("vllm:spec_decode_num_drafts_total") > 0
+    assert abs(1 + accepted / drafts - 2.5) < 0.1  # default 1.5 accepted per draft
+    assert metric(after, "vllm:spec_decode_num_draft_tokens_total") == 2 * drafts  # k = 2
+
+
+def test_no_spec_metrics_without_speculative_config(plain):
+    text = http(plain.port, "/metrics")[1].decode()
+    assert "vllm:generation_tokens_total" in text and "spec_decode" not in text
+
+
+def test_needle_answer_and_reasoning(plain):
+    filler = "The sky was grey and the sea was calm. " * 20
+    body = chat(64, f"{filler}The secret code is XYZ-123. {filler}\nWhat is the secret code?",
+                model="test/model")
+    status, raw = http(plain.port, "/v1/chat/completions", body)
+    reply = json.loads(raw)["choices"][0]
+    assert status == 200 and reply["message"]["content"] == "The secret code is XYZ-123."
+    assert reply["finish_reason"] == "stop"
+    thinking = {**chat(10, model="test/model"),
+                "chat_template_kwargs": {"reasoning_effort": "high"}}
+    _, events = stream(plain.port, thinking, key=None)
+    deltas = [json.loads(d)["choices"][0]["delta"] for _, d in events[1:-1]]
+    kinds = [next(k for k in ("reasoning_content", "content") if k in d) for d in deltas]
+    assert kinds == ["reasoning_content"] * 5 + ["content"] * 5
+
+
+def test_request_refusals(plain):
+    too_long = chat(2000, model="test/model")
+    status, body = http(plain.port, "/v1/chat/completions", too_long)
+    assert status == 400
+    assert "maximum context length is 1000" in json.loads(body)["error"]["message"]
+    assert http(plain.port, "/v1/chat/completions", chat(model="other"))[0] == 404
+    assert http(plain.port, "/v1/chat/completions", {"messages": "no"})[0] == 400
+    assert http(plain.port, "/v1/nothing")[0] == 404
+
+
+def test_malformed_knob(tmp_path):
+    server = Standin(tmp_path, [], {"SANDBOX_VLLM_FAIL": "malformed"}).wait_healthy()
+    try:
+        _, events = stream(server.port, chat(5, model="test/model"), key=None)
+        json.loads(events[0][1])  # the role chunk is fine ...
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(events[1][1])  # ... the next one is not
+    finally:
+        assert server.stop() == 0
+
+
+def test_headless_serves_nothing_and_stops_on_sigterm(tmp_path):
+    args = ["--headless", "--nnodes", "4", "--node-rank", "2", "--master-addr", "10.0.0.1",
+            "--master-port", "29501", *SEED_FLAGS]
+    server = Standin(tmp_path, args)
+    server.wait_log("headless worker rank 2")
+    with pytest.raises(OSError):
+        http(server.port, "/health")
+    assert json.loads(server.record.read_text())["mode"] == "headless"
+    assert server.stop() == 0
+
+
+# ---------------------------------------------------------------- pure helpers
+
+def test_prompt_token_count_and_human_ints():
+    m = load_module()
+    assert m.count_prompt_tokens([{"role": "user", "content": "one two three four five six"}]) == 8
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a b"}, {"type": "image"}]}]
+    assert m.count_prompt_tokens(parts) == 3
+    assert m.human_readable_int("25.6k") == 25600 and m.human_readable_int("1K") == 1024
+    assert m.human_readable_int("2G") == 2 * 1024 ** 3 and m.human_readable_int("7") == 7
+
+
+def test_code_task_is_not_mistaken_for_a_needle():
+    m = load_module()
+    asks = [{"role": "user", "content": "Write code that is clear. Explain the code."}]
+    assert m.find_needle(asks) is None
+    tokens, finish = m.plan_tokens({"messages": asks, "max_tokens": 50})
+    assert len(tokens) == 50 and finish == "length"
