@@ -165,10 +165,29 @@ def _image(loaded: Loaded, assumed: list[str]) -> str:
     spec, base_override = loaded.profile.image, loaded.cluster.images.base
     if spec.prebuilt:
         return base_override or spec.prebuilt
+    from . import build as image_build, images  # content tags; Docker only for the base's ID
+    from .errors import ConfigError
+
     top = spec.chain[-1] if spec.chain else "base"
-    assumed.append(f"image: sparkstack/{top}:unbuilt stands for the chain's content tag, which "
-                   "`sparkstack build` computes")
-    return f"sparkstack/{top}:unbuilt"
+    placeholder = f"sparkstack/{top}:unbuilt"
+    try:
+        images.patches_dir(loaded)
+    except ConfigError:  # no patch files here: the tag cannot be computed
+        assumed.append(f"image: {placeholder} stands for the chain's content tag, which "
+                       "`sparkstack build` computes")
+        return placeholder
+    base = images.base_name(loaded)
+    base_id = image_build.local_base_id(base)
+    try:
+        chain = images.chain_for(loaded, base_id)
+    except ConfigError as e:
+        assumed.append(f"image: {placeholder} stands for the chain's content tag; `sparkstack "
+                       f"build` refuses the chain: {e.problems[0]}")
+        return placeholder
+    if base_id is None:
+        assumed.append(f"image: the base {base} is not in the local Docker: the chain's tags hash "
+                       "its name, not its image ID (`sparkstack build` pulls it first)")
+    return chain.top
 
 
 def rendezvous(loaded: Loaded) -> str:
