@@ -1,0 +1,117 @@
+"""A private registry on the build host, for the duration of a ship.
+
+Debian's `docker-registry` (the CNCF distribution registry) listens on 127.0.0.1 only; ranks reach
+it through an SSH reverse forward on their own 127.0.0.1, which Docker accepts without TLS. Its
+storage persists under ~/.cache/sparkstack/registry, so pushing an unchanged layer again is free.
+A registry is the well-kept tool for "send only what is missing": a pull moves only the blobs the
+rank lacks, each verified by digest.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+import httpx
+import yaml
+
+from .errors import SparkstackError
+
+REGISTRY_BINARY = "docker-registry"
+STORAGE = Path("~/.cache/sparkstack/registry").expanduser()
+
+
+class RegistryError(SparkstackError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRegistry:
+    """`with LocalRegistry() as reg: reg.push(ref)` — started on entry, stopped on exit."""
+
+    def __init__(self, storage: Path = STORAGE, docker_client: docker.DockerClient | None = None):
+        self.storage = storage
+        self.port = 0
+        self.docker = docker_client or docker.from_env()
+        self._process: subprocess.Popen | None = None
+        self._workdir: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> "LocalRegistry":
+        binary = shutil.which(REGISTRY_BINARY)
+        if not binary:
+            raise RegistryError(f"`{REGISTRY_BINARY}` is not installed on this host; install it "
+                                "(Debian/Ubuntu: apt-get install docker-registry)")
+        self.storage.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self._workdir = tempfile.TemporaryDirectory(prefix="sparkstack-registry-")
+        config = Path(self._workdir.name) / "config.yml"
+        config.write_text(yaml.safe_dump({
+            "version": 0.1,
+            "log": {"level": "warn"},
+            "storage": {"filesystem": {"rootdirectory": str(self.storage)}},
+            "http": {"addr": f"127.0.0.1:{self.port}"},
+        }))
+        log = open(Path(self._workdir.name) / "registry.log", "wb")
+        self._process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log)
+        self._wait_ready(Path(self._workdir.name) / "registry.log")
+        return self
+
+    def _wait_ready(self, log: Path, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RegistryError(f"the local registry exited at start: {log.read_text()[-500:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/v2/", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RegistryError(f"the local registry did not answer on 127.0.0.1:{self.port} within {timeout:.0f} s")
+
+    def __exit__(self, *exc) -> None:
+        if self._process and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+        if self._workdir:
+            self._workdir.cleanup()
+
+    def name(self, ref: str, port: int | None = None) -> str:
+        """The image's name in this registry, as seen on a host where it answers on `port`."""
+        return f"127.0.0.1:{port or self.port}/{_repository_path(ref)}"
+
+    def push(self, ref: str) -> None:
+        """Push a local image; the registry keeps blobs it already has (nothing moves for them)."""
+        image = self.docker.images.get(ref)
+        target = self.name(ref)
+        repository, tag = target.rsplit(":", 1)
+        image.tag(repository, tag)
+        try:
+            for line in self.docker.api.push(repository, tag, stream=True, decode=True):
+                if "error" in line:
+                    raise RegistryError(f"pushing {ref} to the local registry failed: {line['error']}")
+        finally:
+            self.docker.api.remove_image(target)  # untag only; the image stays
+
+
+def _repository_path(ref: str) -> str:
+    """`sparkstack/keys:abc` -> `sparkstack/keys:abc`; a registry host part is dropped, a
+    missing tag becomes `latest`."""
+    name, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        name = rest
+    return f"{name}:{tag}"

@@ -1,0 +1,425 @@
+"""Remote execution: one SSH connection per rank (paramiko), every rank in parallel.
+
+The one layer every remote action uses. Each command has a timeout; stdout and stderr are read
+together (reading one to its end while the other fills its window is paramiko's deadlock trap);
+transient connection errors (refused while a Spark boots, resets) are retried, bounded, with the
+attempt shown; host keys are verified against known_hosts, and trusting a new host is an
+explicit choice. Results come back per rank and are never interleaved: a failing rank never
+hides another's result.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import logging
+import select
+import shlex
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import paramiko
+from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from .errors import SparkstackError
+
+DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
+KEEPALIVE_S = 15
+
+# paramiko's transport thread logs every failed handshake with a traceback; with no handler
+# configured Python would print those to the terminal. Our own messages say what failed.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one rank's sshd is, as the config says."""
+
+    rank: int
+    label: str
+    address: str
+    port: int = 22
+    user: str = "root"
+    key: Path | None = None
+    jump: str | None = None  # "user@host:port"
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank} ({self.label})"
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+
+@dataclass
+class Result:
+    """One rank's outcome: its exit status and output, or why it could not run."""
+
+    target: Target
+    exit_status: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None  # connection-level failure, with the fix
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.exit_status == 0
+
+    def why(self) -> str:
+        if self.error:
+            return self.error
+        tail = (self.stderr.strip() or self.stdout.strip()).splitlines()[-5:]
+        return f"exited {self.exit_status}" + (": " + " | ".join(tail) if tail else "")
+
+
+class RemoteError(SparkstackError):
+    """A rank could not be reached or refused us; the message names the rank, cause and fix."""
+
+
+@dataclass
+class GroupResult:
+    results: list[Result]
+
+    @property
+    def failed(self) -> list[Result]:
+        return [r for r in self.results if not r.ok]
+
+    def raise_for_failures(self, action: str) -> None:
+        if self.failed:
+            lines = [f"{action} failed on {len(self.failed)} of {len(self.results)} ranks:"]
+            lines += [f"{r.target.name}: {r.why()}" for r in self.failed]
+            raise RemoteError("\n".join(lines))
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
+
+
+class _RecordUnknownKey(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown host keys, keeping the key so the error can show its fingerprint."""
+
+    def __init__(self, trust_new: bool, known_hosts: Path):
+        self.trust_new = trust_new
+        self.known_hosts = known_hosts
+        self.key: paramiko.PKey | None = None
+
+    def missing_host_key(self, client, hostname, key):
+        self.key = key
+        if not self.trust_new:
+            raise _UnknownHostKey(hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.known_hosts, "a") as f:  # append only this host: never rewrite the file
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey):
+        super().__init__(hostname)
+        self.hostname, self.key = hostname, key
+
+
+class KeyFileError(Exception):
+    pass
+
+
+def _load_key(path: Path) -> paramiko.PKey:
+    """The rank's private key, read here so a missing or unreadable file says so plainly."""
+    if not path.exists():
+        raise KeyFileError(f"key file {path} does not exist; fix the rank's `key` in the config")
+    try:
+        return paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        raise KeyFileError(f"key file {path} is passphrase-protected; load it into ssh-agent "
+                           "and leave the rank's `key` unset") from None
+    except (paramiko.SSHException, ValueError, OSError) as e:
+        raise KeyFileError(f"key file {path} cannot be read ({e}); convert it to OpenSSH format: "
+                           f"ssh-keygen -p -o -f {path}") from None
+
+
+def _transient(error: BaseException) -> bool:
+    """Worth another attempt: the rank may be booting or its network flapping."""
+    if isinstance(error, (ConnectionRefusedError, ConnectionResetError, socket.timeout,
+                          paramiko.ssh_exception.NoValidConnectionsError, EOFError)):
+        return True
+    return isinstance(error, paramiko.SSHException) and "banner" in str(error).lower()
+
+
+class Connection:
+    """One rank's SSH connection, opened once and reused for every command of a run."""
+
+    def __init__(self, target: Target, known_hosts: Path = DEFAULT_KNOWN_HOSTS, *,
+                 trust_new: bool = False, timeout: float = 10.0, attempts: int = 4,
+                 say: Callable[[str], None] | None = None):
+        self.target = target
+        self.known_hosts = known_hosts
+        self.trust_new = trust_new
+        self.timeout = timeout
+        self.attempts = attempts
+        self.say = say or (lambda line: print(line, file=sys.stderr))
+        self.client: paramiko.SSHClient | None = None
+        self._jump: paramiko.SSHClient | None = None
+        self.sudo_password: str | None = None  # memory only, never logged or put on a command line
+
+    # -- connecting --------------------------------------------------------------------------
+    def open(self) -> "Connection":
+        if self.client is None:
+            try:
+                self.client = self._connect_with_retries()
+            except Exception as e:  # every cause becomes one message naming rank and fix
+                raise RemoteError(self._explain(e)) from None
+        return self
+
+    def _connect_with_retries(self) -> paramiko.SSHClient:
+        def announce(state: RetryCallState) -> None:
+            error = state.outcome.exception()
+            self.say(f"{self.target.name}: {type(error).__name__}: {error or 'no answer'}; "
+                     f"retrying ({state.attempt_number}/{self.attempts - 1})")
+
+        attempt = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(self.attempts),
+                        wait=wait_exponential(multiplier=0.5, max=8), before_sleep=announce,
+                        reraise=True)
+        return attempt(self._connect)()
+
+    def _connect(self) -> paramiko.SSHClient:
+        t = self.target
+        client = paramiko.SSHClient()
+        if self.known_hosts.exists():
+            client.load_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(_RecordUnknownKey(self.trust_new, self.known_hosts))
+        pkey = _load_key(t.key) if t.key else None
+        client.connect(t.address, port=t.port, username=t.user, pkey=pkey,
+                       timeout=self.timeout, banner_timeout=self.timeout, auth_timeout=self.timeout,
+                       sock=self._jump_channel(), allow_agent=pkey is None, look_for_keys=pkey is None)
+        client.get_transport().set_keepalive(KEEPALIVE_S)
+        return client
+
+    def _jump_channel(self):
+        """A direct-tcpip channel through the jump host, verified like any other host."""
+        if not self.target.jump:
+            return None
+        user, _, hostport = self.target.jump.rpartition("@")
+        host, _, port = hostport.partition(":")
+        jump = Connection(Target(self.target.rank, f"jump {host}", host, int(port or 22),
+                                 user or self.target.user, self.target.key),
+                          self.known_hosts, trust_new=self.trust_new, timeout=self.timeout,
+                          attempts=1, say=self.say).open()
+        self._jump = jump.client
+        return jump.client.get_transport().open_channel(
+            "direct-tcpip", (self.target.address, self.target.port), ("127.0.0.1", 0),
+            timeout=self.timeout)
+
+    def _explain(self, e: Exception) -> str:
+        t = self.target
+        where = f"{t.name}: {t.user}@{t.address}:{t.port}"
+        if isinstance(e, _UnknownHostKey):
+            return (f"{where}: host key not in {self.known_hosts}: {fingerprint(e.key)}. Check it on "
+                    f"the rank (ssh-keygen -lf /etc/ssh/ssh_host_{e.key.get_name().split('-')[-1]}_key.pub), "
+                    f"then re-run with --trust-new-hosts to add it")
+        if isinstance(e, paramiko.BadHostKeyException):
+            return (f"{where}: host key CHANGED (now {fingerprint(e.key)}; known_hosts has "
+                    f"{fingerprint(e.expected_key)}). If the rank was reinstalled, remove the old key: "
+                    f"ssh-keygen -R '{t.known_hosts_name}' -f {self.known_hosts}")
+        if isinstance(e, paramiko.AuthenticationException):
+            key = t.key or "your SSH agent/default keys"
+            return (f"{where}: authentication failed with {key}. Install the public key on the "
+                    f"rank (ssh-copy-id -i {t.key or '~/.ssh/id_ed25519'}.pub -p {t.port} "
+                    f"{t.user}@{t.address}) or fix ranks[{t.rank}].user/key")
+        if isinstance(e, KeyFileError):
+            return f"{where}: {e}"
+        if _transient(e) or isinstance(e, OSError):
+            cause = "connection refused" if isinstance(e, (ConnectionRefusedError,
+                    paramiko.ssh_exception.NoValidConnectionsError)) else (str(e) or type(e).__name__)
+            return (f"{where}: unreachable ({cause}) after {self.attempts} attempts. Is the rank "
+                    f"up, its sshd running, and {t.address}:{t.port} reachable from here?")
+        return f"{where}: SSH failed: {type(e).__name__}: {e}"
+
+    def reverse_forward(self, local_port: int) -> tuple[int, "ByteCounter"]:
+        """Listen on the rank's 127.0.0.1 (a port sshd picks) and carry each connection to
+        127.0.0.1:`local_port` here; returns the rank's port and a count of the bytes carried."""
+        self.open()
+        counter = ByteCounter()
+
+        def handler(channel, _origin, _server):
+            try:
+                sock = socket.create_connection(("127.0.0.1", local_port), timeout=self.timeout)
+            except OSError:
+                channel.close()
+                return
+            threading.Thread(target=_pump, args=(channel, sock, counter), daemon=True).start()
+
+        port = self.client.get_transport().request_port_forward("127.0.0.1", 0, handler)
+        return port, counter
+
+    def cancel_forward(self, port: int) -> None:
+        transport = self.client.get_transport() if self.client else None
+        if transport and transport.is_active():
+            transport.cancel_port_forward("127.0.0.1", port)
+
+    def close(self) -> None:
+        for client in (self.client, self._jump):
+            if client:
+                client.close()
+        self.client = self._jump = None
+
+    # -- running -----------------------------------------------------------------------------
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60.0,
+            sudo: bool = False) -> Result:
+        """Run `command` through the rank's shell; never raises for the command's own failure."""
+        started = time.monotonic()
+        result = Result(self.target)
+        try:
+            self.open()
+            if sudo:
+                command, stdin = self._sudo(command, stdin)
+            result.exit_status, out, err = self._exec(command, stdin, timeout)
+            result.stdout, result.stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        except RemoteError as e:
+            result.error = e.message
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            result.error = f"{self.target.name}: connection lost ({type(e).__name__}: {e}); re-run when the rank is back"
+            self.close()
+        except TimeoutError as e:
+            result.error = f"{self.target.name}: {e}"
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _sudo(self, command: str, stdin: bytes | None) -> tuple[str, bytes | None]:
+        """Root through sudo: passwordless (or a narrow sudoers rule) first; else the password
+        the user typed once, fed on stdin (-S), never on a command line."""
+        if self.target.user == "root":
+            return command, stdin
+        wrapped = f"sh -c {shlex.quote(command)}"
+        if self.sudo_password is None:
+            return f"sudo -n {wrapped}", stdin
+        secret = (self.sudo_password + "\n").encode()
+        return f"sudo -S -p '' {wrapped}", secret + (stdin or b"")
+
+    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+        channel = self.client.get_transport().open_session(timeout=self.timeout)
+        channel.exec_command(command)
+        if stdin is not None:  # fed from a thread: a big stdin must not block reading output
+            threading.Thread(target=_feed, args=(channel, stdin), daemon=True).start()
+        else:
+            channel.shutdown_write()
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        while True:
+            while channel.recv_ready():
+                out += channel.recv(1 << 16)
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(1 << 16)
+            if channel.exit_status_ready() and channel.eof_received and not (
+                    channel.recv_ready() or channel.recv_stderr_ready()):
+                return channel.recv_exit_status(), bytes(out), bytes(err)
+            if time.monotonic() > deadline:
+                channel.close()
+                raise TimeoutError(f"`{_short(command)}` did not finish within {timeout:.0f} s")
+            select.select([channel], [], [], 0.2)
+
+
+def _feed(channel: paramiko.Channel, data: bytes) -> None:
+    try:
+        channel.sendall(data)
+        channel.shutdown_write()
+    except (OSError, paramiko.SSHException):
+        pass  # the command ended or the connection dropped: its result says which
+
+
+class ByteCounter:
+    """Bytes carried by a forward, both directions, from several pump threads."""
+
+    def __init__(self):
+        self.total = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.total += n
+
+
+def _pump(channel: paramiko.Channel, sock: socket.socket, counter: ByteCounter) -> None:
+    """Copy both ways between an SSH channel and a local socket until either side closes."""
+    try:
+        while True:
+            readable, _, _ = select.select([channel, sock], [], [], 30)
+            if channel in readable:
+                data = channel.recv(1 << 16)
+                if not data:
+                    break
+                sock.sendall(data)
+                counter.add(len(data))
+            if sock in readable:
+                data = sock.recv(1 << 16)
+                if not data:
+                    break
+                channel.sendall(data)
+                counter.add(len(data))
+    except (OSError, paramiko.SSHException):
+        pass
+    finally:
+        channel.close()
+        sock.close()
+
+
+def _short(command: str, limit: int = 60) -> str:
+    return command if len(command) <= limit else command[:limit] + "…"
+
+
+@dataclass
+class Group:
+    """Connections to every rank; runs a command (or a per-rank function) on all in parallel."""
+
+    connections: list[Connection]
+
+    @classmethod
+    def from_targets(cls, targets: list[Target], known_hosts: Path = DEFAULT_KNOWN_HOSTS, **kw) -> "Group":
+        return cls([Connection(t, known_hosts, **kw) for t in targets])
+
+    def each(self, action: Callable[[Connection], Result]) -> GroupResult:
+        with ThreadPoolExecutor(max_workers=max(1, len(self.connections))) as pool:
+            return GroupResult(list(pool.map(action, self.connections)))
+
+    def run(self, command: str, **kw) -> GroupResult:
+        return self.each(lambda c: c.run(command, **kw))
+
+    def ask_sudo_password(self, prompt: Callable[[str], str] = getpass.getpass) -> None:
+        """For ranks where `sudo -n` says a password is required: ask once, keep it in memory."""
+        probe = self.run("true", sudo=True)
+        needs = [r.target for r in probe.results if r.error is None and r.exit_status != 0
+                 and "password" in r.stderr.lower()]
+        if not needs:
+            return
+        if not sys.stdin.isatty():
+            names = ", ".join(t.name for t in needs)
+            raise RemoteError(f"{names}: sudo needs a password and there is no terminal to ask. "
+                              "Install the narrow sudoers rule (`sparkstack sudoers`) or run interactively")
+        password = prompt("sudo password for the ranks: ")
+        for connection in self.connections:
+            if connection.target in needs:
+                connection.sudo_password = password
+
+    def close(self) -> None:
+        for c in self.connections:
+            c.close()
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def targets_from_config(cluster) -> list[Target]:
+    """The config's ranks as SSH targets (rank 0 first)."""
+    return [Target(i, r.label, r.address, r.port, r.user, r.key, r.jump) for i, r in enumerate(cluster.ranks)]

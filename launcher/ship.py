@@ -1,0 +1,151 @@
+"""Shipping images to the ranks: only what a rank lacks crosses the wire.
+
+Plan: ask every rank (one command each) which of the images it already has, by image ID.
+Apply: push the images to a registry on this host (launcher.registry), give each rank that lacks
+something an SSH reverse forward to it, and let the rank's Docker pull: only missing layers move,
+each verified by digest. A rank gets the final tag only after its image ID equals this host's,
+so a failed or interrupted ship never leaves a half-shipped tag behind.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+
+import docker
+
+from .errors import SparkstackError
+from .registry import LocalRegistry
+from .remote import Connection, Group
+
+PULL_TIMEOUT_S = 3600
+
+
+@dataclass
+class RankShip:
+    """One rank's part: what it lacks (the plan), then what happened (the apply)."""
+
+    rank: int
+    host: str
+    images: list[str]            # refs this rank lacks
+    status: str = "planned"      # planned | shipped | up-to-date | failed
+    bytes: int = 0               # what crossed the SSH connection for this rank
+    seconds: float = 0.0
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ShipPlan:
+    local_ids: dict[str, str]    # ref -> image ID on this host
+    ranks: list[RankShip] = field(default_factory=list)
+
+    @property
+    def needed(self) -> list[str]:
+        return sorted({ref for r in self.ranks for ref in r.images})
+
+
+def local_image_ids(refs: list[str], client: docker.DockerClient) -> dict[str, str]:
+    ids = {}
+    for ref in refs:
+        try:
+            ids[ref] = client.images.get(ref).id
+        except docker.errors.ImageNotFound:
+            raise SparkstackError(f"image {ref} is not on this host: run `sparkstack build` "
+                                  "first (or `docker pull`/`docker load` it here)") from None
+    return ids
+
+
+def _inspect_command(refs: list[str]) -> str:
+    """Prints `<ref> <id>` for each ref the rank has (nothing for ones it lacks)."""
+    quoted = " ".join(shlex.quote(r) for r in refs)
+    return (f"for r in {quoted}; do i=$(docker image inspect --format '{{{{.Id}}}}' \"$r\" 2>/dev/null) "
+            f"&& echo \"$r $i\"; done; docker version --format '{{{{.Server.Version}}}}' >/dev/null")
+
+
+def make_plan(group: Group, local_ids: dict[str, str]) -> ShipPlan:
+    """Which rank lacks which image (pure once the ranks have answered)."""
+    answers = group.run(_inspect_command(list(local_ids)), timeout=30)
+    plan = ShipPlan(local_ids)
+    for result in answers.results:
+        target = result.target
+        rank = RankShip(target.rank, target.address, [])
+        if not result.ok:
+            rank.status, rank.error = "failed", _docker_hint(result.why(), target.name)
+        else:
+            have = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+            rank.images = [ref for ref, image_id in local_ids.items() if have.get(ref) != image_id]
+            rank.status = "planned" if rank.images else "up-to-date"
+        plan.ranks.append(rank)
+    return plan
+
+
+def _docker_hint(why: str, name: str) -> str:
+    if "Cannot connect to the Docker daemon" in why:
+        return f"{name}: Docker daemon not running ({why}); start it: sudo systemctl start docker"
+    if "no space left" in why.lower():
+        return f"{name}: disk full ({why}); free space on the rank: docker image prune, or grow the disk"
+    return why if why.startswith(name) else f"{name}: {why}"
+
+
+def apply(plan: ShipPlan, group: Group, say=print) -> ShipPlan:
+    """Move what the plan says; every rank independently, results kept per rank."""
+    if not plan.needed:
+        return plan
+    by_rank = {c.target.rank: c for c in group.connections}
+    with LocalRegistry() as registry:
+        for ref in plan.needed:
+            registry.push(ref)
+        todo = [r for r in plan.ranks if r.status == "planned"]
+        group_todo = Group([by_rank[r.rank] for r in todo])
+        outcome = {r.rank: r for r in todo}
+
+        def ship_one(conn: Connection):
+            rank = outcome[conn.target.rank]
+            _ship_rank(conn, rank, plan.local_ids, registry)
+            say(_progress_line(conn.target.name, rank))
+            return None
+
+        group_todo.each(ship_one)
+    return plan
+
+
+def _ship_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], registry: LocalRegistry) -> None:
+    started = time.monotonic()
+    try:
+        port, counter = conn.reverse_forward(registry.port)
+    except Exception as e:  # the rank went away between plan and apply
+        rank.status, rank.error = "failed", f"{conn.target.name}: cannot open the registry forward ({e})"
+        return
+    try:
+        for ref in rank.images:
+            result = conn.run(_pull_command(registry.name(ref, port), ref, local_ids[ref]),
+                              timeout=PULL_TIMEOUT_S)
+            if not result.ok:
+                rank.status, rank.error = "failed", _docker_hint(result.why(), conn.target.name)
+                return
+        rank.status = "shipped"
+    finally:
+        conn.cancel_forward(port)
+        rank.bytes = counter.total
+        rank.seconds = round(time.monotonic() - started, 3)
+
+
+def _pull_command(source: str, ref: str, image_id: str) -> str:
+    """Pull through the forward, check the image ID, and only then give it its real tag."""
+    s, r = shlex.quote(source), shlex.quote(ref)
+    return (f"docker pull -q {s} >/dev/null && "
+            f"id=$(docker image inspect --format '{{{{.Id}}}}' {s}) && "
+            f"if [ \"$id\" != {shlex.quote(image_id)} ]; then docker rmi {s} >/dev/null; "
+            f"echo \"image ID $id differs from the build host's {image_id}\" >&2; exit 3; fi && "
+            f"docker tag {s} {r} && docker rmi {s} >/dev/null; "
+            f"rc=$?; [ $rc -eq 0 ] || docker rmi {s} >/dev/null 2>&1; exit $rc")
+
+
+def _progress_line(name: str, rank: RankShip) -> str:
+    if rank.status == "shipped":
+        return f"{name}: shipped {', '.join(rank.images)} ({rank.bytes / 1e6:.1f} MB in {rank.seconds:.1f} s)"
+    return f"{name}: FAILED: {rank.error}"

@@ -1,0 +1,166 @@
+"""The SSH layer against the sandbox's real sshd: parallel runs, no deadlock, host keys, retries."""
+
+import http.server
+import threading
+from pathlib import Path
+
+import paramiko
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+from launcher import config, remote
+
+
+@pytest.fixture(scope="module")
+def targets(sandbox):
+    return remote.targets_from_config(config.load(sandbox.config).cluster)
+
+
+@pytest.fixture(scope="module")
+def group(sandbox, targets):
+    with remote.Group.from_targets(targets, sandbox.known_hosts) as g:
+        yield g
+
+
+def test_every_rank_answers_in_parallel_in_order(group, sandbox):
+    results = group.run("hostname").results
+    assert [r.stdout.strip() for r in results] == sandbox.names
+    assert all(r.ok for r in results)
+
+
+def test_large_stdout_and_stderr_together_do_not_deadlock(group):
+    # 4 MiB on each stream at once: more than paramiko's window, read together
+    cmd = "head -c 4194304 /dev/zero & head -c 4194304 /dev/zero >&2; wait"
+    for r in group.run(cmd, timeout=60).results:
+        assert r.ok, r.why()
+        assert len(r.stdout) == len(r.stderr) == 4194304
+
+
+def test_stdin_is_fed_without_blocking_output(group):
+    data = b"x" * (3 << 20)
+    r = group.connections[0].run("cat; cat /etc/hostname >&2", stdin=data, timeout=60)
+    assert r.ok and len(r.stdout) == len(data)
+
+
+def test_one_failing_rank_does_not_hide_the_others(group):
+    out = group.run('[ "$(hostname)" = spark3 ] && { echo broken >&2; exit 4; } || hostname')
+    assert [r.ok for r in out.results] == [True, True, False, True]
+    assert out.failed[0].exit_status == 4 and "broken" in out.failed[0].why()
+    with pytest.raises(remote.RemoteError, match=r"failed on 1 of 4 ranks:\nrank 2 \(spark3\): exited 4: broken"):
+        out.raise_for_failures("probe")
+
+
+def test_timeout_names_the_command(group):
+    r = group.connections[1].run("sleep 5", timeout=1)
+    assert not r.ok and "did not finish within 1 s" in r.error
+    assert group.connections[1].run("echo still usable").stdout == "still usable\n"
+
+
+def test_sudo_is_root(group):
+    for r in group.run("id -u", sudo=True).results:
+        assert r.ok and r.stdout.strip() == "0"
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(targets, tmp_path, sandbox):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(remote.RemoteError) as e:
+        remote.Connection(targets[0], empty).open()
+    real = paramiko.HostKeys(str(sandbox.known_hosts)).lookup(targets[0].address)
+    key = next(iter(real.values()))
+    assert "host key not in" in e.value.message and remote.fingerprint(key) in e.value.message
+    assert "--trust-new-hosts" in e.value.message
+    # trusting is explicit: then the key is appended and the next connection verifies it
+    remote.Connection(targets[0], empty, trust_new=True).open().close()
+    assert targets[0].address in empty.read_text()
+    remote.Connection(targets[0], empty).open().close()
+
+
+def test_changed_host_key_is_refused(targets, tmp_path):
+    """known_hosts holds another ed25519 key for the rank: refused, with how to clear it."""
+    wrong = tmp_path / "known_hosts"
+    hk = paramiko.HostKeys()
+    hk.add(targets[0].address, "ssh-ed25519", paramiko.Ed25519Key(data=_fake_ed25519_blob()))
+    hk.save(str(wrong))
+    with pytest.raises(remote.RemoteError, match="host key CHANGED.*ssh-keygen -R"):
+        remote.Connection(targets[0], wrong).open()
+
+
+def _fake_ed25519_blob() -> bytes:
+    msg = paramiko.Message()
+    msg.add_string("ssh-ed25519")
+    msg.add_string(bytes(range(32)))
+    return msg.asbytes()
+
+
+def test_wrong_key_is_an_authentication_error(targets, sandbox, tmp_path):
+    key = tmp_path / "id_other"
+    key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()))
+    t = targets[1]
+    bad = remote.Target(t.rank, t.label, t.address, t.port, t.user, key)
+    with pytest.raises(remote.RemoteError, match=r"rank 1 \(spark2\).*authentication failed.*ssh-copy-id"):
+        remote.Connection(bad, sandbox.known_hosts).open()
+
+
+def test_unreachable_rank_is_retried_then_named(targets, sandbox):
+    t = targets[2]
+    closed = remote.Target(t.rank, t.label, t.address, 2, t.user, t.key)
+    said = []
+    with pytest.raises(remote.RemoteError, match=r"rank 2 \(spark3\).*unreachable \(connection refused\) after 2 attempts"):
+        remote.Connection(closed, sandbox.known_hosts, attempts=2, say=said.append).open()
+    assert len(said) == 1 and "retrying (1/1)" in said[0]
+
+
+def test_jump_host(targets, sandbox):
+    first, second = targets[0], targets[1]
+    via = remote.Target(second.rank, second.label, second.address, second.port, second.user,
+                        second.key, jump=f"{first.user}@{first.address}:{first.port}")
+    conn = remote.Connection(via, sandbox.known_hosts)
+    try:
+        assert conn.run("hostname").stdout.strip() == "spark2"
+    finally:
+        conn.close()
+
+
+def test_missing_key_file(targets, sandbox):
+    t = targets[0]
+    missing = remote.Target(t.rank, t.label, t.address, t.port, t.user, Path("/nonexistent/key"))
+    with pytest.raises(remote.RemoteError, match=r"rank 0 \(spark1\).*key file /nonexistent/key does not exist"):
+        remote.Connection(missing, sandbox.known_hosts).open()
+
+
+def test_unreadable_key_file_says_how_to_convert(targets, sandbox, tmp_path):
+    key = tmp_path / "id_garbage"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n-----END OPENSSH PRIVATE KEY-----\n")
+    t = targets[0]
+    with pytest.raises(remote.RemoteError, match=r"cannot be read .*ssh-keygen -p -o -f"):
+        remote.Connection(remote.Target(t.rank, t.label, t.address, t.port, t.user, key), sandbox.known_hosts).open()
+
+
+def test_reverse_forward_carries_and_counts_bytes(group):
+    body = b"y" * 200_000
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    conn = group.connections[3]
+    try:
+        port, counter = conn.reverse_forward(server.server_address[1])
+        r = conn.run(f"python3 -c \"import urllib.request;print(len(urllib.request.urlopen("
+                     f"'http://127.0.0.1:{port}/').read()))\"", timeout=30)
+        assert r.ok and r.stdout.strip() == str(len(body)), r.why()
+        assert len(body) < counter.total < len(body) + 2000
+        conn.cancel_forward(port)
+    finally:
+        server.shutdown()
