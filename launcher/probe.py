@@ -1,0 +1,271 @@
+"""The probe: ONE command per rank that gathers everything `check`, `prep` and `plan` need.
+
+This file is sent as it is, on stdin, and run on the rank as
+
+    python3 - '<args as one JSON object>'
+
+so it must stay a self-contained script: Python 3.8+ standard library only (DGX OS / Ubuntu and
+the sandbox's Debian have python3, nothing else is promised), no imports from `launcher`. It
+prints ONE JSON object of RAW outputs -- file contents, command stdout and exit codes -- and
+leaves every interpretation to the pure parsers in `launcher/facts.py`, where it can be tested.
+A missing source (no docker, no nvidia-smi, no /sys/class/infiniband) is recorded, never fatal:
+the probe itself exits 0 unless its arguments are unreadable.
+
+Arguments (all optional; a bare path instead of JSON is taken as `sysfs_root`):
+  sysfs_root     "/sys" on a real Spark; the sandbox points at a fixture tree. Accepts the
+                 root that holds `class/` ("/" is read as "/sys").
+  ip_addr_file   `ip -j addr` output in a file, overlaid on the real command's output (the
+                 sandbox's fabric netdevs exist only as fixtures).
+  model_dir      the checkpoint directory to fingerprint.
+  sysctls        names to read besides DEFAULT_SYSCTLS.
+  disk_paths     paths whose free space to report besides "/", the model dir, Docker's root.
+  timeout_s      per command (default 5): a hung daemon costs a finding, not the probe.
+"""
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+PROBE_VERSION = 1
+DEFAULT_SYSCTLS = ("vm.swappiness", "vm.compaction_proactiveness", "net.ipv4.ip_forward")
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# One inspect line per image; full `docker image inspect` JSON carries every layer digest.
+INSPECT_FORMAT = ('{"Id":{{json .Id}},"RepoTags":{{json .RepoTags}},'
+                  '"Labels":{{json .Config.Labels}},"Size":{{json .Size}}}')
+
+
+def read(path):
+    """A small file's text; None when it does not exist; {"error": ...} when it cannot be read
+    (sysfs answers EINVAL for the speed of a down link and the type of an unused GID)."""
+    try:
+        with open(path, "r", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return {"error": "%s: %s" % (type(e).__name__, e.strerror or e)}
+
+
+def listdir(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return None
+
+
+def run(argv, timeout):
+    """A command's exit code and output; {"missing": true} when the program is not installed."""
+    if shutil.which(argv[0]) is None:
+        return {"argv": argv, "missing": True}
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"argv": argv, "error": "timed out after %ss" % timeout}
+    except OSError as e:
+        return {"argv": argv, "error": str(e)}
+    return {"argv": argv, "rc": p.returncode,
+            "stdout": p.stdout.decode(errors="replace"), "stderr": p.stderr.decode(errors="replace")[-2000:]}
+
+
+def sysfs_class(root):
+    root = root.rstrip("/") or "/"
+    if os.path.isdir(os.path.join(root, "class")):
+        return os.path.join(root, "class")
+    return os.path.join(root, "sys", "class")  # "/" given for a real host
+
+
+def net_sysfs(cls):
+    out = {}
+    for name in listdir(os.path.join(cls, "net")) or []:
+        d = os.path.join(cls, "net", name)
+        if not os.path.isdir(d):  # /sys/class/net/bonding_masters is a file
+            continue
+        out[name] = {k: read(os.path.join(d, k)) for k in ("operstate", "speed", "mtu", "address")}
+    return out
+
+
+def rdma_port(pdir):
+    gids, types, ndevs = {}, {}, {}
+    for i in listdir(os.path.join(pdir, "gids")) or []:
+        gid = read(os.path.join(pdir, "gids", i))
+        gids[i] = gid
+        # Types and ndevs of an unused (all-zero) entry read EINVAL: skip them.
+        if isinstance(gid, str) and gid.strip() != ZERO_GID:
+            types[i] = read(os.path.join(pdir, "gid_attrs", "types", i))
+            ndevs[i] = read(os.path.join(pdir, "gid_attrs", "ndevs", i))
+    return {"state": read(os.path.join(pdir, "state")),
+            "link_layer": read(os.path.join(pdir, "link_layer")),
+            "gids": gids, "gid_types": types, "gid_ndevs": ndevs}
+
+
+def rdma_sysfs(cls):
+    base = os.path.join(cls, "infiniband")
+    hcas = listdir(base)
+    if hcas is None:
+        return None  # no RDMA stack (or no ConnectX): the parser says so
+    out = {}
+    for hca in hcas:
+        d = os.path.join(base, hca)
+        ports = {p: rdma_port(os.path.join(d, "ports", p)) for p in listdir(os.path.join(d, "ports")) or []}
+        out[hca] = {"ports": ports, "netdevs": listdir(os.path.join(d, "device", "net")) or []}
+    return out
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return {"error": e.strerror or str(e)}
+    return h.hexdigest()
+
+
+def checkpoint(model_dir):
+    """Hashes of the two small JSON files and the shards' names and sizes -- never their bytes."""
+    if not model_dir:
+        return None
+    try:
+        names = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
+    except OSError as e:
+        return {"dir": model_dir, "error": "%s: %s" % (type(e).__name__, e.strerror or e)}
+    shards = []
+    for n in names:
+        try:
+            shards.append([n, os.stat(os.path.join(model_dir, n)).st_size])
+        except OSError:
+            shards.append([n, None])
+    return {"dir": model_dir,
+            "config_sha256": sha256_file(os.path.join(model_dir, "config.json")),
+            "index_sha256": sha256_file(os.path.join(model_dir, "model.safetensors.index.json")),
+            "shards": shards}
+
+
+def rlimits():
+    out = {}
+    for name, which in (("nofile", resource.RLIMIT_NOFILE), ("memlock", resource.RLIMIT_MEMLOCK)):
+        soft, hard = resource.getrlimit(which)
+        inf = resource.RLIM_INFINITY
+        out[name] = [-1 if soft == inf else soft, -1 if hard == inf else hard]
+    return out
+
+
+def dockerd_limits():
+    """/proc/<dockerd>/limits: the ceiling a container's --ulimit meets when the daemon cannot
+    raise it (no CAP_SYS_RESOURCE), and the limits a container inherits by default."""
+    for pid in listdir("/proc") or []:
+        if pid.isdigit() and (read("/proc/%s/comm" % pid) or "") == "dockerd\n":
+            return read("/proc/%s/limits" % pid)
+    return None
+
+
+def disk(paths):
+    out = {}
+    for p in paths:
+        if not p or p in out:
+            continue
+        try:
+            st = os.statvfs(p)
+        except OSError as e:
+            out[p] = {"error": e.strerror or str(e)}
+            continue
+        out[p] = {"avail": st.f_bavail * st.f_frsize, "size": st.f_blocks * st.f_frsize}
+    return out
+
+
+def parse_args(argv):
+    if len(argv) < 2 or not argv[1].strip():
+        return {}
+    text = argv[1]
+    if not text.lstrip().startswith("{"):
+        return {"sysfs_root": text}
+    return json.loads(text)
+
+
+def probe(args):
+    started = time.time()
+    timeout = float(args.get("timeout_s", 5))
+    model_dir = args.get("model_dir")
+    commands = {
+        "ip_addr": ["ip", "-j", "addr", "show"],
+        "findmnt": ["findmnt", "-J", "-l", "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"],
+        "docker_version": ["docker", "version", "--format", "{{json .}}"],
+        "docker_info": ["docker", "info", "--format", "{{json .}}"],
+        "docker_images": ["docker", "images", "--no-trunc", "--format", "{{json .}}"],
+        "nvidia_smi": ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                       "--format=csv,noheader"],
+    }
+    if model_dir:
+        commands["findmnt_model"] = ["findmnt", "-J", "-T", model_dir, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"]
+    # Commands run side by side: the probe costs the slowest one, not their sum.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        futures = {k: pool.submit(run, argv, timeout) for k, argv in commands.items()}
+        cls = sysfs_class(args.get("sysfs_root") or "/sys")
+        out = {
+            "probe_version": PROBE_VERSION,
+            "args": args,
+            "clock": {"started": started},
+            "kernel": os.uname().release,
+            "hostname": os.uname().nodename,
+            "python": sys.version.split()[0],
+            "meminfo": read("/proc/meminfo"),
+            "sysctls": {n: read("/proc/sys/" + n.replace(".", "/"))
+                        for n in list(DEFAULT_SYSCTLS) + [s for s in args.get("sysctls", [])
+                                                           if s not in DEFAULT_SYSCTLS]},
+            "rlimits": rlimits(),
+            "dockerd_limits": dockerd_limits(),
+            "docker_daemon_json": read("/etc/docker/daemon.json"),
+            "sysfs_net": net_sysfs(cls),
+            "sysfs_infiniband": rdma_sysfs(cls),
+            "ip_addr_file": read(args["ip_addr_file"]) if args.get("ip_addr_file") else None,
+            "checkpoint": checkpoint(model_dir),
+        }
+        out["commands"] = {k: f.result() for k, f in futures.items()}
+    images = out["commands"]["docker_images"]
+    ids = []
+    for line in (images.get("stdout") or "").splitlines() if images.get("rc") == 0 else []:
+        try:
+            ident = json.loads(line).get("ID")
+        except ValueError:
+            continue
+        if ident and ident not in ids:
+            ids.append(ident)
+    if ids:  # labels live only in inspect; one call for all images
+        out["commands"]["docker_inspect"] = run(["docker", "image", "inspect", "--format",
+                                                 INSPECT_FORMAT] + ids, timeout)
+    root = "/var/lib/docker"
+    info = out["commands"]["docker_info"]
+    if info.get("rc") == 0:
+        try:
+            root = json.loads(info["stdout"]).get("DockerRootDir") or root
+        except ValueError:
+            pass
+    out["disk"] = disk(["/", root, model_dir] + list(args.get("disk_paths", [])))
+    out["disk_docker_root"] = root
+    out["clock"]["finished"] = time.time()
+    return out
+
+
+def main(argv):
+    try:
+        args = parse_args(argv)
+    except ValueError as e:
+        sys.stdout.write(json.dumps({"probe_version": PROBE_VERSION, "fatal": "bad arguments: %s" % e}))
+        return 2
+    sys.stdout.write(json.dumps(probe(args), sort_keys=True))
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

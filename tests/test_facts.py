@@ -1,0 +1,251 @@
+"""Facts: each parser on real-format raw output (tests/facts_cases/*.json: raw in, fact out), and
+the probe script itself run as a subprocess against fixture trees, its output fed to the parsers."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import facts
+from launcher.facts import FactError, to_jsonable
+
+CASES = sorted((Path(__file__).parent / "facts_cases").glob("*.json"))
+PARSERS = {
+    "meminfo": facts.parse_meminfo,
+    "sysctls": facts.parse_sysctls,
+    "rlimits": facts.parse_rlimits,
+    "docker_ulimits": facts.parse_docker_ulimits,
+    "interfaces": facts.parse_interfaces,
+    "rdma": facts.parse_rdma,
+    "docker": facts.parse_docker,
+    "mounts": facts.parse_mounts,
+    "checkpoint": facts.parse_checkpoint,
+    "gpu": facts.parse_gpu,
+    "disks": facts.parse_disks,
+    "clock": facts.parse_clock,
+}
+
+
+def test_cases_cover_every_parser():
+    used = {json.loads(p.read_text())["parser"] for p in CASES}
+    assert used == set(PARSERS)
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
+def test_case(path):
+    case = json.loads(path.read_text())
+    parser = PARSERS[case["parser"]]
+    if "raises" in case:
+        with pytest.raises(FactError, match=case["raises"]):
+            parser(**case["raw"])
+        return
+    assert to_jsonable(parser(**case["raw"])) == case["fact"]
+
+
+def test_gb10_meminfo_is_about_121_gib():
+    case = json.loads((Path(__file__).parent / "facts_cases" / "meminfo_gb10_page_cache_full.json").read_text())
+    memory = facts.parse_meminfo(**case["raw"])
+    assert 121.5 < memory.total / 2**30 < 122
+
+
+def test_clock_offset_and_uncertainty():
+    clock = facts.parse_clock({"started": 100.400, "finished": 100.450}, sent=100.100, received=100.300)
+    assert clock.offset == pytest.approx(0.225)
+    assert clock.uncertainty == pytest.approx(0.075)  # (0.2 round trip - 0.05 on the rank) / 2
+    assert facts.parse_clock({"started": 1.0}).offset is None
+
+
+def test_gid_properties():
+    v2 = facts.Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:b101", "RoCE v2", "enp1s0f0np0")
+    ll = facts.Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fe10:0000", "RoCE v2", "enp1s0f0np0")
+    assert str(v2.ipv4) == "192.168.177.1" and not v2.link_local
+    assert ll.ipv4 is None and ll.link_local
+
+
+def test_docker_image_lookup():
+    case = json.loads((Path(__file__).parent / "facts_cases" / "docker_images_with_labels.json").read_text())
+    docker = facts.parse_docker(**case["raw"])
+    prebuilt = "ghcr.io/drowzeys/keys-tensorfold-glm53-tp4-dgx-spark"
+    assert docker.image(prebuilt) is docker.image(prebuilt + ":2026-10-05")
+    assert docker.image("sparkstack/keys:3f2a9c1b7e4d").kit
+    assert not docker.image(prebuilt).kit
+    assert docker.image("sparkstack/keys:other") is None
+
+
+# --- the probe script ---------------------------------------------------------------------------
+
+STDLIB = {"concurrent", "hashlib", "json", "os", "resource", "shutil", "subprocess", "sys", "time"}
+
+
+def test_probe_is_a_standalone_stdlib_script():
+    """It is sent alone to hosts that have python3 and nothing else."""
+    tree = ast.parse(facts.PROBE_SOURCE.read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "no relative imports in the probe"
+            imported.add(node.module.split(".")[0])
+    assert imported <= STDLIB, imported - STDLIB
+
+
+def test_invocation_is_one_command_with_the_script_on_stdin():
+    args = facts.probe_args("/sandbox/sysfs", "/models/glm53-sandbox", sysctls=("vm.max_map_count",))
+    command, stdin = facts.invocation(args)
+    argv = shlex.split(command)
+    assert argv[:2] == ["python3", "-"] and len(argv) == 3
+    assert json.loads(argv[2]) == {"sysfs_root": "/sandbox/sysfs", "ip_addr_file": "/sandbox/ip-addr.json",
+                                   "model_dir": "/models/glm53-sandbox", "sysctls": ["vm.max_map_count"],
+                                   "timeout_s": 5.0}
+    assert stdin == facts.PROBE_SOURCE.read_bytes()
+    assert "ip_addr_file" not in facts.probe_args("/")  # a real host: addresses from `ip` only
+
+
+ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+SPARK_HCAS = [("rocep1s0f0", "enp1s0f0np0"), ("roceP2p1s0f0", "enP2p1s0f0np0"),
+              ("rocep1s0f1", "enp1s0f1np1"), ("roceP2p1s0f1", "enP2p1s0f1np1")]
+
+
+def write_spark_sysfs(root: Path, ips: dict[str, str], infiniband: bool = True) -> None:
+    """A Spark's sysfs as the kernel lays it out: class/net/<if>/..., and per HCA
+    ports/1/{state,link_layer,gids/<i>,gid_attrs/{types,ndevs}/<i>} and device/net/<netdev>;
+    unused GID slots read zeros and have no type file (it would read EINVAL)."""
+    def put(rel: str, text: str) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+
+    for i, (hca, netdev) in enumerate(SPARK_HCAS + [(None, "enP7s7")]):
+        mac = f"4c:bb:47:2c:01:{i:02x}"
+        speed, mtu = (10000, 1500) if hca is None else (200000, 9000)
+        for k, v in {"operstate": "up", "speed": str(speed), "mtu": str(mtu), "address": mac}.items():
+            put(f"class/net/{netdev}/{k}", v)
+        if hca is None or not infiniband:
+            continue
+        put(f"class/infiniband/{hca}/device/net/{netdev}/mtu", str(mtu))
+        p = f"class/infiniband/{hca}/ports/1"
+        put(f"{p}/state", "4: ACTIVE")
+        put(f"{p}/link_layer", "Ethernet")
+        ll = f"fe80:0000:0000:0000:4ebb:47ff:fe2c:01{i:02x}"
+        entries = [(ll, "IB/RoCE v1"), (ll, "RoCE v2")]
+        if netdev in ips:
+            a, b, c, d = (int(x) for x in ips[netdev].split("."))
+            mapped = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+            entries += [(mapped, "IB/RoCE v1"), (mapped, "RoCE v2")]
+        for n in range(6):
+            gid, kind = entries[n] if n < len(entries) else (ZERO, None)
+            put(f"{p}/gids/{n}", gid)
+            if kind:
+                put(f"{p}/gid_attrs/types/{n}", kind)
+                put(f"{p}/gid_attrs/ndevs/{n}", netdev)
+
+
+def write_ip_addr(path: Path, ips: dict[str, str]) -> None:
+    path.write_text(json.dumps([
+        {"ifindex": 3 + i, "ifname": netdev, "mtu": 9000, "operstate": "UP",
+         "addr_info": [{"family": "inet", "local": ips[netdev], "prefixlen": 30, "scope": "global"}]}
+        for i, netdev in enumerate(sorted(ips))]))
+
+
+def write_checkpoint(model: Path) -> None:
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 78}')
+    (model / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    for n, size in ((1, 5 << 30), (2, 3 << 20)):
+        with open(model / f"model-0000{n}-of-00002.safetensors", "wb") as f:
+            f.truncate(size)  # sparse: the probe must stat, never read, the shards
+
+
+def run_probe(args: dict) -> dict:
+    command, stdin = facts.invocation(args)
+    done = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
+                          input=stdin, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def ring_rank(tmp_path):
+    """spark3 of a ring: fabric IP on the second port, the other port to its other neighbour."""
+    ips = {"enp1s0f1np1": "192.168.177.6", "enp1s0f0np0": "192.168.177.9"}
+    write_spark_sysfs(tmp_path / "sysfs", ips)
+    write_ip_addr(tmp_path / "ip-addr.json", ips)
+    write_checkpoint(tmp_path / "model")
+    return tmp_path
+
+
+def test_probe_output_feeds_the_parsers(ring_rank):
+    args = facts.probe_args(str(ring_rank / "sysfs"), str(ring_rank / "model"), sysctls=("vm.max_map_count",))
+    raw = run_probe(args)
+    f = facts.parse_facts(raw, sent=raw["clock"]["started"] - 0.01, received=raw["clock"]["finished"] + 0.01)
+    assert f.memory is not None and f.memory.total > 0
+    assert {"vm.swappiness", "vm.compaction_proactiveness", "vm.max_map_count"} <= set(f.sysctls)
+    assert f.ulimits.nofile is not None and f.ulimits.memlock is not None
+    port2 = f.interface("enp1s0f1np1")
+    assert port2.ipv4 == ("192.168.177.6/30",) and port2.speed == 200000 and port2.mtu == 9000
+    hca = f.rdma_device("rocep1s0f1")
+    assert hca.netdevs == ("enp1s0f1np1",)
+    assert [(g.index, g.type, str(g.ipv4)) for g in hca.ports[0].gids if g.ipv4] == \
+        [(2, "IB/RoCE v1", "192.168.177.6"), (3, "RoCE v2", "192.168.177.6")]
+    assert len(f.rdma_device("roceP2p1s0f1").ports[0].gids) == 2  # link-local only; zeros dropped
+    ck = f.checkpoint
+    assert ck.shards == (("model-00001-of-00002.safetensors", 5 << 30), ("model-00002-of-00002.safetensors", 3 << 20))
+    assert ck.total_bytes == (5 << 30) + (3 << 20) and len(ck.fingerprint) == 64
+    assert f.disk(str(ring_rank / "model")).size > 0
+    assert abs(f.clock.offset) < 0.05
+    assert json.loads(json.dumps(f.to_json()))["rdma"][0]["name"] == "roceP2p1s0f0"
+
+
+def test_probe_fingerprint_follows_content(ring_rank):
+    args = facts.probe_args(str(ring_rank / "sysfs"), str(ring_rank / "model"))
+    before = facts.parse_facts(run_probe(args)).checkpoint.fingerprint
+    assert facts.parse_facts(run_probe(args)).checkpoint.fingerprint == before
+    (ring_rank / "model" / "config.json").write_text('{"num_hidden_layers": 79}')
+    assert facts.parse_facts(run_probe(args)).checkpoint.fingerprint != before
+
+
+def test_probe_without_infiniband_or_model(tmp_path):
+    write_spark_sysfs(tmp_path / "sysfs", {}, infiniband=False)
+    (tmp_path / "ip-addr.json").write_text("[]")
+    raw = run_probe(facts.probe_args(str(tmp_path / "sysfs"), str(tmp_path / "no-such-model")))
+    f = facts.parse_facts(raw)
+    assert f.rdma is None and f.checkpoint is None
+    assert any(p.startswith("/sys/class/infiniband: absent") for p in f.problems)
+    assert any(p.startswith(f"checkpoint {tmp_path / 'no-such-model'}: FileNotFoundError") for p in f.problems)
+    assert f.interface("enP7s7").speed == 10000
+
+
+def test_probe_missing_commands_are_findings_not_failures(tmp_path):
+    """A rank with python3 but no docker, nvidia-smi, ip or findmnt still answers."""
+    write_spark_sysfs(tmp_path / "sysfs", {})
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    command, stdin = facts.invocation(facts.probe_args(str(tmp_path / "sysfs")))
+    env = {**os.environ, "PATH": str(bindir)}
+    done = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
+                          input=stdin, capture_output=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    f = facts.parse_facts(json.loads(done.stdout))
+    assert f.docker is None and f.gpu is None and f.mounts == ()
+    assert {"docker: not installed", "nvidia-smi: not installed", "ip: not installed",
+            "findmnt: not installed"} <= set(f.problems)
+    assert f.interface("enp1s0f0np0").operstate == "up"  # sysfs still read
+
+
+def test_probe_takes_a_bare_sysfs_root_and_refuses_bad_json(tmp_path):
+    write_spark_sysfs(tmp_path / "sysfs", {})
+    source = facts.PROBE_SOURCE.read_bytes()
+    done = subprocess.run([sys.executable, "-", str(tmp_path / "sysfs")], input=source, capture_output=True, timeout=60)
+    assert "rocep1s0f0" in json.loads(done.stdout)["sysfs_infiniband"]
+    bad = subprocess.run([sys.executable, "-", "{not json"], input=source, capture_output=True, timeout=60)
+    assert bad.returncode == 2 and "bad arguments" in json.loads(bad.stdout)["fatal"]
+    with pytest.raises(FactError, match="bad arguments"):
+        facts.parse_facts(json.loads(bad.stdout))
