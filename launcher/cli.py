@@ -112,13 +112,310 @@ def profiles(as_json):
         out.print(f"[bold]{p.name}[/] ({p.engine}, seeds {', '.join(p.seeds)})\n  {p.description}")
 
 
-def _register_optional_commands() -> None:
-    """Command groups from modules that may grow independently (the sandbox)."""
-    try:
-        from .sandbox.cli import sandbox
-    except ImportError:
+def _bench_values(kind: str):
+    """A click callback parsing a flag's value with launcher.bench (imported when used: httpx
+    stays out of every other command's start-up)."""
+
+    def parse(ctx, param, value):
+        from . import bench as bench_mod
+
+        if value is None:
+            return None if kind == "url" else ()
+        try:
+            if kind == "url":
+                return bench_mod.normalize_url(value)
+            if kind == "tasks":
+                tasks = tuple(dict.fromkeys(t.strip() for t in value.split(",") if t.strip()))
+                bench_mod.check_tasks(tasks, bench_mod.load_prompts())
+                if not tasks:
+                    raise ValueError("name at least one task")
+                return tasks
+            if kind == "counts":
+                return bench_mod.parse_counts(value)
+            return bench_mod.parse_sizes(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return parse
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--url", metavar="URL", callback=_bench_values("url"),
+              help="bench this OpenAI-compatible server (http://HOST:PORT) instead of the "
+                   "config's rank 0; the config is then read only if -c is given")
+@click.option("--api-key", envvar="SPARKSTACK_API_KEY", metavar="KEY",
+              help="bearer key (default: $SPARKSTACK_API_KEY, else the config's overrides.api_key)")
+@click.option("--model", metavar="NAME",
+              help="served model name (default: the config's, else the first the server lists)")
+@click.option("--tasks", metavar="TASKS", default="prose,code,list,essay", show_default=True,
+              callback=_bench_values("tasks"), help="fixed prompts to run, comma-separated")
+@click.option("--concurrency", metavar="N,N,..", default="1,2,4,8", show_default=True,
+              callback=_bench_values("counts"), help="concurrent streams per measurement")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="output tokens per request")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="default: the profile's bench.temperature, else 0.6 (seed 000)")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="default: the profile's bench.top_p, else 0.95 (seed 000)")
+@click.option("--thinking/--no-thinking", default=False, show_default=True,
+              help='GLM-5.3 reasoning: chat_template_kwargs {"reasoning_effort": "high"/"low"}')
+@click.option("--needle", metavar="SIZES", callback=_bench_values("sizes"),
+              help="also a needle test per prompt size, e.g. 8k,32k,128k (k = 1000 tokens)")
+@click.option("--needle-at", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="where the fact sits in the filler: 0 = start, 1 = end")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="seconds of silence tolerated within a request (a deep prefill is silent)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".",
+              help="directory for the JSON and PNG  [default: current directory]")
+@friendly_errors
+def bench(config_file, as_json, url, api_key, model, tasks, concurrency, max_tokens, temperature,
+          top_p, thinking, needle, needle_at, timeout, out_dir):
+    """Measure decode tok/s, TTFT and speculative acceptance, like the seeds' tables.
+
+    \b
+    For each task and concurrency level, after one warm-up request: per-stream (median) and
+    aggregate (summed) decode tok/s = completion tokens ÷ (wall − TTFT), TTFT median and p90,
+    and accepted tokens/step from vLLM's /metrics when it exposes spec-decode counters.
+    --needle adds a long-prompt retrieval test with prefill tok/s per size.
+    Writes sparkstack-bench-<time>.json and .png to --out. Ctrl+C stops and keeps what was
+    measured. Exit codes: 0 ok, 1 the server failed (results so far are kept), 2 bad input,
+    130 interrupted.
+    """
+    import pathlib
+
+    from . import bench as bench_mod
+    from . import bench_report
+
+    loaded = _bench_config(config_file, url)
+    if loaded:
+        target = bench_mod.target_from_config(loaded, url, api_key, model)
+    else:
+        target = bench_mod.Target(url, model, api_key)
+    default_temperature, default_top_p = bench_mod.profile_sampling(loaded and loaded.profile)
+    settings = bench_mod.Settings(
+        tasks=tasks, concurrency=concurrency, max_tokens=max_tokens,
+        temperature=default_temperature if temperature is None else temperature,
+        top_p=default_top_p if top_p is None else top_p, thinking=thinking, needle=needle,
+        needle_position=needle_at, timeout_s=timeout)
+    results = _measure_with_progress(bench_mod, target, settings)
+    paths = bench_report.write_files(results, pathlib.Path(out_dir)) if results.started else []
+    if as_json:
+        click.echo(json.dumps(results.to_json(), indent=2))
+    else:
+        bench_report.print_results(out, results)
+    for path in paths:
+        err.print(f"wrote {path}")
+    if results.status == "failed":
+        raise bench_mod.BenchError(results.error)
+    if results.status == "interrupted":
+        sys.exit(130)
+
+
+def _bench_config(config_file, url):
+    """The cluster config bench reads: always without --url, with --url only if -c names one."""
+    if url and not config_file:
+        return None
+    path = config_mod.config_path(config_file)
+    if not path.exists():
+        raise config_mod.ConfigError([f"{path}: no such cluster config file; pass -c PATH, or "
+                                      "--url http://HOST:PORT to bench any OpenAI-compatible "
+                                      "server"])
+    return config_mod.load(path)
+
+
+def _measure_with_progress(bench_mod, target, settings):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("requests"), TimeElapsedColumn())
+    # Off when stderr is not a terminal: a log file gets the results, not a redrawn bar.
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        bar = progress.add_task(f"connecting to {target.url}", total=settings.total_requests)
+        return bench_mod.measure(
+            target, settings, lambda what, n: progress.update(bar, description=what, advance=n))
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--render-only", "render_dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="write each stage's build context (Dockerfile + files) under DIR/<stage>/ "
+                   "and build nothing")
+@click.option("-v", "--verbose", is_flag=True, help="print Docker's build output as it comes")
+@click.option("--on-ranks", is_flag=True, hidden=True,
+              help="build the chain on every rank over SSH (not available yet)")
+@friendly_errors
+def build(config_file, as_json, render_dir, verbose, on_ranks):
+    """Build the profile's image chain (e.g. dcp → mul1 → v145 → keys) on the local Docker.
+
+    \b
+    Each stage's tag is a hash of its rendered Dockerfile, the patch files it copies (from
+    cluster.yaml images.patches_dir), its build args and its parent's tag, so only changed
+    stages and the stages after them are built; an unchanged chain builds nothing. A stage,
+    parent, patch file or template problem is refused before anything is built.
+    --json prints {"stages": [{"name", "tag", "image_id", "built", "seconds"}]}.
+    """
+    import pathlib
+
+    from . import build as build_mod
+    from . import images as images_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    base = images_mod.base_name(loaded)
+    # every check before anything is built; the base's ID (a lookup) only when Docker has it
+    chain = images_mod.chain_for(loaded, build_mod.local_base_id(base) if base else None)
+    if render_dir:
+        images_mod.write_contexts(chain, pathlib.Path(render_dir))
+        _print_build(as_json, [{"name": s.name, "tag": s.tag, "dockerfile":
+                                str(pathlib.Path(render_dir) / s.name / "Dockerfile")} for s in chain.stages])
         return
-    main.add_command(sandbox)
+    if on_ranks:
+        build_mod.build_on_ranks(loaded, chain)
+    if not chain.stages:
+        _print_build(as_json, [], f"profile {loaded.profile.name} uses {chain.base.name} as it is: "
+                                  f"nothing to build")
+        return
+    engine = build_mod.connect()
+    show = _BuildDisplay(verbose and not as_json, quiet=as_json)
+    if chain.base.image_id is None:  # pulled first: the tags hash its ID
+        chain = images_mod.chain_for(loaded, build_mod.ensure_base(engine, base, show).image_id)
+    with show:
+        results = build_mod.build_chain(engine, chain, show)
+    _print_build(as_json, [r.to_json() for r in results], f"image {chain.top}")
 
 
-_register_optional_commands()
+def _print_build(as_json: bool, stages: list[dict], summary: str = "") -> None:
+    if as_json:
+        click.echo(json.dumps({"stages": stages}, indent=2))
+        return
+    for s in stages:
+        state = "" if "built" not in s else ("built" if s["built"] else "up to date")
+        timing = f" {s['seconds']:.1f}s" if s.get("built") else ""
+        where = f"→ {s['dockerfile']}" if "dockerfile" in s else ""
+        out.print(f"{s['name']:<8} {s['tag']}  {state}{timing}{where}")
+    if summary:
+        out.print(summary)
+
+
+class _BuildDisplay:
+    """build's progress on stderr: a line per stage (spinner and step while it builds); with
+    --verbose Docker's own output too."""
+
+    def __init__(self, verbose: bool, quiet: bool):
+        self.verbose, self.quiet, self.tasks, self.progress = verbose, quiet, {}, None
+
+    def __enter__(self):
+        if not self.quiet:  # rich.progress only when shown: a no-op build stays fast
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                     TimeElapsedColumn(), console=err, transient=True,
+                                     disable=not err.is_terminal)
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.stop()
+
+    def __call__(self, event) -> None:
+        if self.quiet or (self.progress is None and event.kind != "pull"):
+            return
+        if event.kind == "pull":
+            err.print(event.text)
+        elif event.kind == "start":
+            self.tasks[event.stage] = self.progress.add_task(f"{event.stage}: building {event.text}")
+        elif event.kind == "step" and event.stage in self.tasks:
+            self.progress.update(self.tasks[event.stage],
+                                 description=f"{event.stage}: step {event.step}/{event.steps} {event.text[:60]}")
+        elif event.kind == "log" and self.verbose:
+            self.progress.console.print(f"  {event.stage} | {event.text}", markup=False)
+        elif event.kind == "done" and event.stage in self.tasks:
+            self.progress.remove_task(self.tasks.pop(event.stage))
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--image", "refs", multiple=True, metavar="REF",
+              help="ship this image (repeatable; default: the profile's serving image)")
+@click.option("--dry-run", is_flag=True, help="say which rank lacks what, move nothing")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@friendly_errors
+def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
+    """Send every rank the images it lacks, and only those.
+
+    \b
+    Each rank is asked (by image ID) what it already has. The images go through a registry
+    started on this host for the duration (Debian's docker-registry), reached by each rank
+    through an SSH reverse forward on its own 127.0.0.1: only the layers a rank lacks move,
+    verified by digest. A rank gets the image's tag only once its image ID equals this host's.
+    --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
+    """
+    import docker
+
+    from . import build as build_mod
+    from . import images as images_mod
+    from . import remote
+    from . import ship as ship_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    if not refs:
+        base = images_mod.base_name(loaded)
+        refs = [images_mod.chain_for(loaded, build_mod.local_base_id(base) if base else None).top]
+    ids = ship_mod.local_image_ids(list(refs), docker.from_env())
+    cluster = loaded.cluster
+    with remote.Group.from_targets(remote.targets_from_config(cluster), _known_hosts(cluster),
+                                   trust_new=trust_new_hosts, say=err.print) as group:
+        shipment = ship_mod.make_plan(group, ids)
+        if not dry_run:
+            ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False))
+    rows = [r.to_json() for r in shipment.ranks]
+    if as_json:
+        click.echo(json.dumps({"ranks": rows}, indent=2))
+    else:
+        for r in rows:
+            what = ", ".join(r["images"]) or "nothing"
+            line = f"rank {r['rank']} {r['host']:<16} {r['status']:<10} {what}"
+            if r["status"] == "shipped":
+                line += f" ({r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s)"
+            out.print(line + (f"\n  {r['error']}" if r["error"] else ""), markup=False)
+    failed = [r for r in shipment.ranks if r.status == "failed"]
+    if failed:
+        raise SparkstackError(f"ship failed on {len(failed)} of {len(rows)} ranks "
+                              f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause above "
+                              "and re-run `sparkstack ship`: only what is missing moves")
+
+
+def _known_hosts(cluster):
+    from .remote import DEFAULT_KNOWN_HOSTS
+
+    return cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS
+
+
+@main.command("ansible-inventory")
+@config_option
+@click.option("--format", "fmt", type=click.Choice(["ini", "yaml"]), default="ini",
+              show_default=True, help="inventory file format")
+@friendly_errors
+def ansible_inventory(config_file, fmt):
+    """Print an Ansible inventory of the ranks for ansible/spark.yml.
+
+    \b
+    Hosts in rank order, reached as sparkstack reaches them (address, port, user, key, jump
+    host; host keys checked against the config's known_hosts), with the node settings of
+    launcher/node_settings.py as group vars. Apply the persistent node settings with:
+      sparkstack ansible-inventory -c cluster.yaml > inventory.ini
+      ANSIBLE_CONFIG=ansible/ansible.cfg ansible-playbook -i inventory.ini ansible/spark.yml
+    """
+    from . import inventory
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    click.echo(inventory.render(loaded.cluster, fmt), nl=False)
+
+
+from .sandbox.cli import sandbox  # noqa: E402  (its own group: sparkstack sandbox up|down|status)
+
+main.add_command(sandbox)
