@@ -66,6 +66,17 @@ class ImageSettings(Strict):
     patches_dir: UserPath | None = None
 
 
+class ContainerSettings(Strict):
+    """How each rank's serving container is started (DESIGN.md § serving). The defaults are the
+    seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
+
+    gpus: str | None = "all"  # `--gpus` value; null leaves it out (no GPU, as in the sandbox)
+    devices: list[str] = ["/dev/infiniband"]
+    nofile: PositiveInt = 1048576
+    memlock: int = Field(-1, ge=-1)  # bytes; -1 = unlimited
+    shm_size: str = "16g"
+
+
 class Overrides(Strict):
     engine_args: list[str] = []
     env: dict[str, str] = {}
@@ -84,6 +95,7 @@ class Cluster(Strict):
     model: ModelSettings
     images: ImageSettings = ImageSettings()
     overrides: Overrides = Overrides()
+    container: ContainerSettings = ContainerSettings()
     profiles_dir: UserPath | None = None
 
     @model_validator(mode="after")

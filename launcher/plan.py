@@ -11,10 +11,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import kv, vllm_flags
+from . import fabric, kv, vllm_flags
 from .checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
 from .config import Loaded, Rank
 from .errors import PlanRefused
+from .facts import Facts
 
 # A GB10's MemTotal (127,600,000 kB ≈ 121.7 GiB): what MemAvailable returns to once page caches
 # are dropped and nothing runs. Used only when no rank's /proc/meminfo has been read.
@@ -33,6 +34,26 @@ class ModelFacts:
 
     shape: ModelShape
     weights: WeightSplit | None  # None: the profile's per-rank figure is used
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What one rank's MemAvailable must cover for the plan to start (see memory_need)."""
+
+    weights: int
+    runtime_overhead: int
+    headroom: int
+    kv_min: int
+    kv_why: str
+    assumed: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.runtime_overhead + self.headroom + self.kv_min
+
+    def explain(self) -> str:
+        return (f"weights {kv.gib(self.weights)} + runtime {kv.gib(self.runtime_overhead)} + "
+                f"headroom {kv.gib(self.headroom)} + KV {kv.gib(self.kv_min)} ({self.kv_why})")
 
 
 @dataclass
@@ -91,25 +112,80 @@ def read_model(loaded: Loaded, tp: int, pp: int, assumed: list[str]) -> ModelFac
 
 
 def build(loaded: Loaded, model: ModelFacts | None = None,
-          mem_available: dict[int, int] | None = None) -> Plan:
-    """The whole plan. `model` and `mem_available` (rank -> bytes) come from probes when the
-    cluster is reachable; without them the plan falls back on documented defaults."""
+          mem_available: dict[int, int] | None = None,
+          facts: dict[int, Facts] | None = None) -> Plan:
+    """The whole plan. `model`, `mem_available` (rank -> bytes) and `facts` (rank -> the
+    probe's Facts) come from the cluster when it is reachable; without them the plan falls back
+    on documented defaults. Facts supply each rank's MemAvailable (unless `mem_available` is
+    given) and its own fabric environment (launcher.fabric)."""
+    cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
+    assumed: list[str] = []
+    facts = facts or {}
+    if mem_available is None:
+        mem_available = {r: f.memory.available for r, f in facts.items() if f.memory}
+    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
+    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
+    model = model or read_model(loaded, tp, pp, assumed)
+    sizing = _size_kv(loaded, model, mem_available, assumed)
+    image = _image(loaded, assumed)
+    fabric_env = _fabric_envs(loaded, facts, assumed) if profile.engine == "vllm" else {}
+    managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
+        vllm_flags.value(flags, "tensor_parallel_size") is None else []
+    if sizing and not profile.kv.engine_managed:
+        managed.append(vllm_flags.Flag("--kv-cache-memory-bytes", (str(sizing.kv_cache_memory_bytes),)))
+    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}))
+             for r in range(len(cluster.ranks))]
+    return Plan(ranks, sizing, image, assumed)
+
+
+def _fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
+    """Each probed rank's own NCCL/UCX/Gloo env from its sysfs; what is missing goes to `assumed`."""
+    cluster = loaded.cluster
+    what = "fabric environment (" + ", ".join(FABRIC_ENV) + ")"
+    if not facts:
+        assumed.append(f"{what}: derived from each rank's sysfs once probed; not in this plan")
+        return {}
+    envs: dict[int, dict[str, str]] = {}
+    for r, rank in enumerate(cluster.ranks):
+        name = f"rank {r} ({rank.label})"
+        if r not in facts:
+            assumed.append(f"{what} of {name}: not probed; not in this plan")
+            continue
+        rf = fabric.assess(facts[r], rank.fabric_ips, cluster.topology, rank=name)
+        if rf.failures:
+            first = rf.failures[0]
+            assumed.append(f"{what} of {name}: not derived ({first.name}: {first.value}; fix: "
+                           f"{first.fix}); not in this plan")
+            continue
+        # VLLM_HOST_IP stays the plan's choice (_host_ip): it knows about `rendezvous`.
+        envs[r] = {k: v for k, v in rf.env.items() if k != "VLLM_HOST_IP"}
+    return envs
+
+
+def memory_need(loaded: Loaded, model: ModelFacts | None = None) -> MemoryNeed:
+    """The least MemAvailable a rank must have for this profile to start: its weights, the
+    runtime overhead, the headroom and the smallest KV cache the plan accepts (the profile's
+    fixed --kv-cache-memory-bytes, else one --max-model-len sequence, else one token).
+    Never refuses: `check` and `prep` compare each rank's memory against it."""
     cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
     assumed: list[str] = []
     tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
     pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
     model = model or read_model(loaded, tp, pp, assumed)
-    sizing = _size_kv(loaded, model, mem_available or {}, assumed)
-    image = _image(loaded, assumed)
-    if profile.engine == "vllm":
-        assumed.append("fabric environment (" + ", ".join(FABRIC_ENV) + "): derived from each "
-                       "rank's sysfs once probed; not in this plan")
-    managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
-        vllm_flags.value(flags, "tensor_parallel_size") is None else []
-    if sizing and not profile.kv.engine_managed:
-        managed.append(vllm_flags.Flag("--kv-cache-memory-bytes", (str(sizing.kv_cache_memory_bytes),)))
-    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed)) for r in range(len(cluster.ranks))]
-    return Plan(ranks, sizing, image, assumed)
+    mtp = _mtp_enabled(flags)
+    dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
+    weights = _weights(loaded, model, mtp, assumed)
+    bpt = kv.bytes_per_token(model.shape, profile.kv.layout, mtp=mtp, dcp=dcp)
+    fixed = vllm_flags.value(flags, "kv_cache_memory_bytes")
+    max_len = vllm_flags.value(flags, "max_model_len")
+    if fixed:
+        kv_min, kv_why = parse_human_int(fixed), "the profile's --kv-cache-memory-bytes"
+    else:
+        tokens = parse_human_int(max_len) if max_len else 1
+        kv_min, kv_why = tokens * bpt, f"{tokens:,} tokens at {bpt:,} B/token"
+    o = cluster.overrides
+    return MemoryNeed(weights, int(o.runtime_overhead_gib * kv.GIB), int(o.headroom_gib * kv.GIB),
+                      kv_min, kv_why, tuple(assumed))
 
 
 def _size_kv(loaded: Loaded, model: ModelFacts, mem_available: dict[int, int],
@@ -117,14 +193,7 @@ def _size_kv(loaded: Loaded, model: ModelFacts, mem_available: dict[int, int],
     cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
     mtp = _mtp_enabled(flags)
     dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
-    if model.weights is None:
-        d = profile.defaults
-        weights = int((d.weights_per_rank_gib + (d.mtp_weights_per_rank_gib if mtp else 0)) * kv.GIB)
-        mtp_part = f" + {d.mtp_weights_per_rank_gib} GiB MTP" if mtp and d.mtp_weights_per_rank_gib else ""
-        assumed.append(f"weights per rank: {d.weights_per_rank_gib} GiB{mtp_part}"
-                       + f" from profile {profile.name} (seeds {', '.join(profile.seeds)})")
-    else:
-        weights = model.weights.per_rank_bytes + (model.weights.mtp_per_rank_bytes if mtp else 0)
+    weights = _weights(loaded, model, mtp, assumed)
     if len(mem_available) < len(cluster.ranks):
         assumed.append(f"MemAvailable: {kv.gib(GB10_MEM_AVAILABLE)} per rank (a GB10's MemTotal, "
                        "caches dropped) for ranks not probed")
@@ -139,6 +208,18 @@ def _size_kv(loaded: Loaded, model: ModelFacts, mem_available: dict[int, int],
                           parse_human_int(fixed) if fixed else None)
     except kv.KvDoesNotFit as e:
         raise PlanRefused(f"profile {profile.name} does not fit: {e}") from None
+
+
+def _weights(loaded: Loaded, model: ModelFacts, mtp: bool, assumed: list[str]) -> int:
+    """Weight bytes on the fullest rank: from the checkpoint's headers, else the profile."""
+    profile = loaded.profile
+    if model.weights is not None:
+        return model.weights.per_rank_bytes + (model.weights.mtp_per_rank_bytes if mtp else 0)
+    d = profile.defaults
+    mtp_part = f" + {d.mtp_weights_per_rank_gib} GiB MTP" if mtp and d.mtp_weights_per_rank_gib else ""
+    assumed.append(f"weights per rank: {d.weights_per_rank_gib} GiB{mtp_part}"
+                   + f" from profile {profile.name} (seeds {', '.join(profile.seeds)})")
+    return int((d.weights_per_rank_gib + (d.mtp_weights_per_rank_gib if mtp else 0)) * kv.GIB)
 
 
 def _mtp_enabled(flags: list[vllm_flags.Flag]) -> bool:
@@ -159,6 +240,13 @@ def parse_human_int(text: str) -> int:
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
+
+
+def serving_image(loaded: Loaded) -> tuple[str, list[str]]:
+    """The profile's serving image ref and what had to be assumed for it: a content tag
+    (`sparkstack/<top>:<hash>`), a prebuilt ref, or a `:unbuilt` placeholder with the reason."""
+    notes: list[str] = []
+    return _image(loaded, notes), notes
 
 
 def _image(loaded: Loaded, assumed: list[str]) -> str:
@@ -209,12 +297,13 @@ def _host_ip(loaded: Loaded, rank: Rank) -> str:
     return rank.address
 
 
-def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag]) -> RankPlan:
-    env = _rank_env(loaded, r)
+def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag],
+               fabric_env: dict[str, str]) -> RankPlan:
+    env = _rank_env(loaded, r, fabric_env)
     return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, env), _engine_argv(loaded, r, flags))
 
 
-def _rank_env(loaded: Loaded, r: int) -> dict[str, str]:
+def _rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, str]:
     cluster, profile = loaded.cluster, loaded.profile
     env = dict(profile.env)
     if cluster.topology == "ring":
@@ -224,6 +313,7 @@ def _rank_env(loaded: Loaded, r: int) -> dict[str, str]:
     else:  # TensorFold's launcher reads the node list and model dir (seed 001's one-shot.sh)
         env["NODES"] = " ".join(rank.address for rank in cluster.ranks)
         env["MODEL"] = cluster.model.path
+    env.update(fabric_env)  # the rank's own NICs, HCAs and GID rule; the config's env still wins
     env.update(cluster.overrides.env)
     if cluster.overrides.api_key:
         env["VLLM_API_KEY"] = cluster.overrides.api_key
@@ -233,14 +323,17 @@ def _rank_env(loaded: Loaded, r: int) -> dict[str, str]:
 def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list[str]:
     """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
     RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path."""
-    model = loaded.cluster.model.path
-    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME,
-            "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", "16g",
-            "--ulimit", "nofile=1048576:1048576", "--ulimit", "memlock=-1:-1",
-            "--device", "/dev/infiniband",
-            "-v", f"{model}:{model}:ro",
-            "--label", f"org.sparkstack.profile={loaded.profile.name}",
-            "--label", f"org.sparkstack.rank={r}"]
+    model, c = loaded.cluster.model.path, loaded.cluster.container
+    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, "--network", "host", "--ipc", "host"]
+    if c.gpus:
+        argv += ["--gpus", c.gpus]
+    argv += ["--shm-size", c.shm_size,
+             "--ulimit", f"nofile={c.nofile}:{c.nofile}", "--ulimit", f"memlock={c.memlock}:{c.memlock}"]
+    for device in c.devices:
+        argv += ["--device", device]
+    argv += ["-v", f"{model}:{model}:ro",
+             "--label", f"org.sparkstack.profile={loaded.profile.name}",
+             "--label", f"org.sparkstack.rank={r}"]
     for key in sorted(env):
         argv += ["-e", f"{key}={env[key]}"]
     return argv + [image, *loaded.profile.command]

@@ -79,7 +79,8 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
     second = ship_refs(group, client, [top])
     for r in second.ranks:
         assert r.status == "shipped"
-        assert r.bytes <= 1.1 * layer, f"rank {r.rank} moved {r.bytes} B for a {layer} B layer"
+        # random bytes do not compress: the layer itself crossed, and little else
+        assert 0.95 * layer <= r.bytes <= 1.1 * layer, f"rank {r.rank} moved {r.bytes} B for a {layer} B layer"
 
 
 def test_a_rank_without_docker_fails_alone_and_reship_completes(sandbox, group, client, images):

@@ -155,9 +155,10 @@ def write_checkpoint(path: Path, cfg: dict = CONFIG) -> dict:
             "shards": [shard_name(i) for i in range(N_SHARDS)]}
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+def _write_if_changed(path: Path, content: str | bytes) -> None:
+    data = content.encode() if isinstance(content, str) else content
+    if not path.exists() or path.read_bytes() != data:
+        path.write_bytes(data)
 
 
 PATCHES = {
@@ -165,7 +166,11 @@ PATCHES = {
     "sm120_dcp.py": "decode-context-parallel enablement for sm_120/sm_121 (GB10)",
     "mla_attn_dcp.py": "MLA attention with decode-context-parallel KV sharding",
     "sparse_attn_indexer.py": "DSA sparse-attention indexer cache layout fix",
+    "ablit_runtime.py": "the optional o_proj transplant hook (keys3)",
+    "patch_ablit_dsv2.py": "the build-time patch of deepseek_v2.py (keys3)",
 }
+# exllamav3 1.4.5's compiled extension (v145): the stage checks for an ELF header.
+EXTENSION = ("exllamav3_ext.so", b"\x7fELF sparkstack sandbox stand-in: exllamav3 1.4.5 extension\n")
 
 
 def write_patches(path: Path) -> list[str]:
@@ -177,4 +182,5 @@ def write_patches(path: Path) -> list[str]:
                           f"# The real file comes from the serving repository's checkout; this one\n"
                           f"# only stands for: {what}.\n"
                           f"SANDBOX_PATCH = {name.removesuffix('.py')!r}\n")
-    return sorted(PATCHES)
+    _write_if_changed(path / EXTENSION[0], EXTENSION[1])
+    return sorted([*PATCHES, EXTENSION[0]])

@@ -479,6 +479,10 @@ def write_cluster_yaml(state_dir: Path, net, base_image: str) -> Path:
         "ranks": ranks,
         "model": {"path": MODEL_PATH, "served_name": SERVED_NAME},
         "images": {"base": base_image, "patches_dir": str(p["patches"])},
+        # No GPU and no RDMA devices here, and this host's hard limits (nofile 20000, memlock
+        # 8 MiB) are the ranks' ceiling: a real Spark uses the defaults (see the example config).
+        "container": {"gpus": None, "devices": [], "nofile": 20000, "memlock": 8 << 20,
+                      "shm_size": "1g"},
     }
     header = ("# Written by `sparkstack sandbox up`: the four sandbox ranks on the local Docker\n"
               "# engine. Use it with `sparkstack -c " + str(p["config"]) + " ...` or\n"

@@ -201,6 +201,7 @@ CMD ["/usr/local/sbin/sandbox-rank-init"]
 STANDIN_DOCKERFILE = """FROM {parent}
 COPY vllm /usr/local/bin/vllm
 COPY serve-flags.json /usr/share/sandbox-vllm/serve-flags.json
+COPY site-packages/ /usr/lib/python3/dist-packages/
 LABEL org.sparkstack.sandbox="1" org.sparkstack.standin="vllm" \\
       org.opencontainers.image.title="sandbox-vllm" \\
       org.opencontainers.image.description="STAND-IN for vLLM (sparkstack sandbox): parses vllm serve argv, serves a fake OpenAI API; not vLLM"
@@ -248,6 +249,20 @@ def rank_stage() -> FilesStage:
                       {"sandbox-rank-init": 0o755})
 
 
+# The files of a vLLM EXL3 image that the chain's stages add to or overlay (vLLM's package layout
+# and exllamav3's compiled extension), as empty stand-ins: the stages' RUN steps find and
+# replace them exactly as they would in Mia's image, and the stand-in engine reports which
+# sandbox patches it finds (its record's "patches").
+STANDIN_PACKAGE = {
+    "vllm/__init__.py": b"# STAND-IN vllm package (sparkstack sandbox): layout only\n",
+    "vllm/v1/attention/backends/mla/flashmla_sparse.py": b"# stock (stand-in)\n",
+    "vllm/model_executor/layers/quantization/exl3.py": b"# stock EXL3 overlay (stand-in)\n",
+    "vllm/model_executor/layers/sparse_attn_indexer.py": b"# stock indexer (stand-in)\n",
+    "vllm/model_executor/models/deepseek_v2.py": b"# stock DeepseekV2Model (stand-in)\n",
+    "exllamav3_ext.cpython-311-x86_64-linux-gnu.so": b"\x7fELF exllamav3 0.0.43 (stand-in)\n",
+}
+
+
 def standin_stage() -> FilesStage:
     prog, flags = standin_program(), serve_flags_file()
     for path, what in ((prog, "the stand-in vllm program"), (flags, "vLLM's serve flags table")):
@@ -256,7 +271,8 @@ def standin_stage() -> FilesStage:
                                "restore it from the repository (shared/ must sit next to the "
                                "checkout, or set SPARKSTACK_SHARED)")
     return FilesStage("sandbox-vllm", STANDIN_FS, STANDIN_DOCKERFILE,
-                      {"vllm": prog.read_bytes(), "serve-flags.json": flags.read_bytes()},
+                      {"vllm": prog.read_bytes(), "serve-flags.json": flags.read_bytes(),
+                       **{f"site-packages/{k}": v for k, v in STANDIN_PACKAGE.items()}},
                       {"vllm": 0o755})
 
 

@@ -28,6 +28,7 @@ Environment knobs (all optional):
   SANDBOX_VLLM_STARTUP_S            delay before the API port opens, like weight loading (0)
   SANDBOX_VLLM_FAIL                 exit:<code> (crash after the startup log) | malformed (broken
                                     SSE chunks / JSON bodies) | unset = normal
+  SANDBOX_VLLM_FAIL_NODE_RANK       if set, the exit:<code> fault applies only to that --node-rank
   SANDBOX_VLLM_MAX_GPU_UTIL         if set, refuse (exit 1) a --gpu-memory-utilization (vLLM
                                     default 0.9) above it, like vLLM's free-memory startup guard
   SANDBOX_VLLM_MIN_NOFILE           if set, refuse (exit 1) a soft RLIMIT_NOFILE below it, like
@@ -212,10 +213,11 @@ def parse_serve(args: list[str], table: dict) -> tuple[str, dict]:
 
 def write_record(path: str, argv: list[str], model: str, options: dict, mode: str) -> None:
     """The record: {"argv": [after `vllm`], "model", "mode": "api"|"headless", "options":
-    {dest: value, only those given}, "env": {full environment}, "pid", "version", "started_at"}.
+    {dest: value, only those given}, "env": {full environment}, "patches": [the sandbox patch
+    files the image chain installed], "pid", "version", "started_at"}.
     Written atomically so a reader never sees half a file."""
     record = {"argv": argv, "model": model, "mode": mode, "options": options,
-              "env": dict(os.environ), "pid": os.getpid(),
+              "env": dict(os.environ), "patches": installed_patches(), "pid": os.getpid(),
               "version": os.environ.get("SANDBOX_VLLM_VERSION", "0.33.0"),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -223,6 +225,24 @@ def write_record(path: str, argv: list[str], model: str, options: dict, mode: st
     with open(tmp, "w") as f:
         json.dump(record, f, indent=1, default=str)
     os.replace(tmp, path)
+
+
+def installed_patches() -> list[str]:
+    """Files of the stand-in vllm package that the sandbox's image chain replaced or added
+    (each sandbox patch file says SANDBOX_PATCH): proof of which image a rank really runs."""
+    found = []
+    for site in sys.path:
+        root = os.path.join(site, "vllm")
+        for folder, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    with open(path, "rb") as f:
+                        if b"SANDBOX_PATCH" in f.read(4096):
+                            found.append(os.path.relpath(path, site))
+                except OSError:
+                    continue
+    return sorted(set(found))
 
 
 def startup_guards(options: dict) -> str | None:
@@ -589,6 +609,9 @@ def main(argv: list[str]) -> int:
         log(problem, "ERROR")
         return 1
     fail = os.environ.get("SANDBOX_VLLM_FAIL", "")
+    only_rank = os.environ.get("SANDBOX_VLLM_FAIL_NODE_RANK")
+    if only_rank is not None and str(options.get("node_rank", 0)) != only_rank:
+        fail = ""  # the fault is meant for another node rank
     if fail.startswith("exit:"):
         log(f"EngineCore failed to start (simulated by SANDBOX_VLLM_FAIL={fail})", "ERROR")
         return int(fail[5:])

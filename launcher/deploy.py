@@ -1,0 +1,104 @@
+"""`up` and `down`: the whole re-deploy after a boot, and taking it all away again.
+
+up = prepare the nodes → check every rank (any failure stops here, nothing started) → build and
+ship only if a rank lacks the profile's image → start (workers, then the head) → wait until the
+API answers. A cluster already running as planned is left alone (`restart` forces a new start).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import docker
+
+from . import api, build, images, plan as plan_mod, serve, ship
+from .config import Loaded
+from .errors import SparkstackError
+from .remote import DEFAULT_KNOWN_HOSTS, Group, targets_from_config
+
+
+@dataclass
+class UpReport:
+    steps: list[str] = field(default_factory=list)
+    changed: bool = False
+    seconds: float = 0.0
+
+
+def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
+    cluster = loaded.cluster
+    return Group.from_targets(targets_from_config(cluster), cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS,
+                              trust_new=trust_new, timeout=cluster.ssh.connect_timeout_s, say=say)
+
+
+def serving_image(loaded: Loaded) -> str:
+    base = images.base_name(loaded)
+    return images.chain_for(loaded, build.local_base_id(base) if base else None).top
+
+
+def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
+       say=print, prepare=None, check=None) -> UpReport:
+    """`prepare(group)` and `check(group) -> plan` are the node-preparation and preflight steps
+    (launcher.prep / launcher.check); without them the plan is made from the config alone."""
+    report = UpReport()
+    started = time.monotonic()
+    if prepare:
+        prepare(group)
+        report.steps.append("prepared the nodes")
+    the_plan = check(group) if check else plan_mod.build(loaded)
+    if check:
+        report.steps.append("checked every rank")
+    current = serve.states(group)
+    if serve.is_current(current, the_plan) and not restart:
+        say("already running as planned: nothing to change (--restart forces a new start)")
+    else:
+        report.changed = True
+        _ensure_images(loaded, the_plan.image, group, report, say)
+        if loaded.profile.engine == "vllm" and len(the_plan.ranks) > 1:
+            serve.require_native_multinode(group.connections[0], the_plan.image)
+        say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks")
+        serve.start(the_plan, group, say=say)
+        report.steps.append("started every rank")
+    say("waiting for the API")
+    try:
+        api.wait_ready(api.endpoint(loaded), wait_timeout, say=say)
+    except api.NotServing as e:
+        problems = [serve.diagnose(group, s) for s in serve.states(group)]
+        if report.changed:
+            serve.stop(group)
+        raise SparkstackError(e.message + ("; every rank's container was stopped" if report.changed else "")
+                              + "\n" + "\n".join(problems)) from None
+    report.steps.append("the API answers")
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say) -> None:
+    """Build and ship only when a rank lacks the serving image (by image ID)."""
+    client = docker.from_env()
+    try:
+        ids = ship.local_image_ids([image], client)
+    except SparkstackError:
+        if loaded.profile.image.prebuilt:
+            raise
+        say(f"building {image}")
+        chain = images.chain_for(loaded, build.local_base_id(images.base_name(loaded)))
+        build.build_chain(build.connect(), chain)
+        ids = ship.local_image_ids([image], client)
+        report.steps.append("built the image chain")
+    shipment = ship.make_plan(group, ids)
+    if shipment.needed:
+        ship.apply(shipment, group, say=say)
+        report.steps.append("shipped " + image)
+    failed = [r for r in shipment.ranks if r.status == "failed"]
+    if failed:
+        raise SparkstackError("cannot put the image on every rank, nothing was started:\n"
+                              + "\n".join(r.error or f"rank {r.rank}: failed" for r in failed))
+
+
+def down(group: Group, say=print) -> list[str]:
+    """Stop and remove the serving container on every rank. Returns the ranks that failed."""
+    failed = serve.stop(group)
+    for r in failed:
+        say(f"{r.target.name}: {r.why()}")
+    return [r.target.name for r in failed]

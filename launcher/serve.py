@@ -1,0 +1,191 @@
+"""The serving containers on the ranks: start (workers, then the head), stop, state, logs.
+
+All or nothing: if any rank's container fails to start or exits while the cluster comes up,
+every rank's container is stopped and each failed rank is reported with its exit code (an OOM
+kill said plainly) and its last log lines. Never a half-started cluster.
+
+Each container carries a label with the hash of its rank's plan (env, docker run, engine argv),
+so `up` on a cluster already running as planned changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import time
+from dataclasses import asdict, dataclass
+
+from .errors import SparkstackError
+from .plan import CONTAINER_NAME, Plan, RankPlan
+from .remote import Connection, Group, Result
+
+PLAN_LABEL = "org.sparkstack.plan"
+LOG_TAIL = 30
+# vLLM's multiprocessing executor across nodes (--nnodes/--node-rank/--master-addr/--headless)
+# is not in old releases; an image older than this is refused rather than handed flags it
+# rejects. The seeds run vLLM 0.28 and later.
+MIN_NATIVE_MULTINODE = (0, 11, 1)
+
+
+class StartFailed(SparkstackError):
+    pass
+
+
+@dataclass
+class RankState:
+    """One rank's serving container as Docker reports it."""
+
+    rank: int
+    host: str
+    state: str                 # running | exited | created | absent | unreachable
+    exit_code: int | None = None
+    oom_killed: bool = False
+    started_at: str | None = None
+    image: str | None = None
+    plan_hash: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.state == "unreachable":
+            return self.error or "unreachable"
+        if self.oom_killed:
+            return f"killed by the kernel's OOM killer (exit {self.exit_code}): the rank ran out of memory"
+        if self.state == "exited":
+            return f"exited with code {self.exit_code}"
+        return self.state
+
+
+def plan_hash(rank: RankPlan) -> str:
+    blob = json.dumps([rank.env, rank.docker_run, rank.engine], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def run_command(rank: RankPlan) -> tuple[str, bytes]:
+    """The rank's `docker run` command line and its environment, which travels on stdin
+    (`--env-file /dev/stdin`) so no value — the API key included — is ever on a command line."""
+    argv, i = [], 0
+    while i < len(rank.docker_run):
+        if rank.docker_run[i] == "-e":
+            i += 2
+            continue
+        argv.append(rank.docker_run[i])
+        i += 1
+    at = argv.index("-d") + 1
+    argv[at:at] = ["--label", f"{PLAN_LABEL}={plan_hash(rank)}", "--env-file", "/dev/stdin"]
+    for key, value in rank.env.items():
+        if "\n" in value:
+            raise SparkstackError(f"rank {rank.rank}: environment value of {key} has a newline")
+    env_file = "".join(f"{k}={v}\n" for k, v in rank.env.items())
+    return shlex.join(argv + rank.engine), env_file.encode()
+
+
+_INSPECT = ("docker inspect --format '{{json .State}}\t{{index .Config.Labels \"" + PLAN_LABEL
+            + "\"}}\t{{.Config.Image}}' " + CONTAINER_NAME + " 2>/dev/null || echo absent")
+
+
+def _parse_state(result: Result) -> RankState:
+    t = result.target
+    if result.error or result.exit_status != 0:
+        return RankState(t.rank, t.address, "unreachable", error=result.why())
+    line = result.stdout.strip()
+    if line == "absent":
+        return RankState(t.rank, t.address, "absent")
+    state_json, label, image = line.split("\t")
+    state = json.loads(state_json)
+    return RankState(t.rank, t.address, state["Status"], state.get("ExitCode"),
+                     bool(state.get("OOMKilled")), state.get("StartedAt"), image, label or None)
+
+
+def states(group: Group) -> list[RankState]:
+    return [_parse_state(r) for r in group.run(_INSPECT, timeout=20).results]
+
+
+def is_current(current: list[RankState], plan: Plan) -> bool:
+    """Every rank runs a container made from this very plan."""
+    wanted = {r.rank: plan_hash(r) for r in plan.ranks}
+    return all(s.state == "running" and s.plan_hash == wanted[s.rank] for s in current)
+
+
+def stop(group: Group) -> list[Result]:
+    """Remove the serving container on every rank; nothing there is fine."""
+    results = group.run(f"docker rm -f {CONTAINER_NAME} >/dev/null 2>&1; "
+                        f"! docker inspect {CONTAINER_NAME} >/dev/null 2>&1", timeout=60).results
+    return [r for r in results if not r.ok]
+
+
+def engine_version(conn: Connection, image: str) -> tuple[int, ...] | None:
+    """The vLLM version inside the image (`vllm --version`), or None if it cannot tell."""
+    r = conn.run(f"docker run --rm --network none {shlex.quote(image)} vllm --version", timeout=300)
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", r.stdout) if r.ok else None
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def require_native_multinode(conn: Connection, image: str) -> None:
+    version = engine_version(conn, image)
+    if version is None:
+        raise StartFailed(f"{conn.target.name}: cannot read the vLLM version of {image} "
+                          "(`vllm --version` in the image failed); is it a vLLM image?")
+    if version < MIN_NATIVE_MULTINODE:
+        need = ".".join(map(str, MIN_NATIVE_MULTINODE))
+        raise StartFailed(f"{image} has vLLM {'.'.join(map(str, version))}: native multi-node "
+                          f"(--nnodes/--node-rank/--master-addr) needs {need} or newer; use a newer image")
+
+
+def start(plan: Plan, group: Group, say=print, settle_s: float = 3.0) -> list[RankState]:
+    """Workers first (ranks 1..n-1, headless), then the head (rank 0); then watch them settle.
+    Any failure stops every rank and raises StartFailed with each failed rank's diagnosis."""
+    by_rank = {c.target.rank: c for c in group.connections}
+    leftovers = stop(group)
+    if leftovers:
+        raise StartFailed("cannot clear the old serving containers:\n"
+                          + "\n".join(f"{r.target.name}: {r.why()}" for r in leftovers))
+    workers = [r for r in plan.ranks if r.rank != 0]
+    head = [r for r in plan.ranks if r.rank == 0]
+    for batch, what in ((workers, "workers"), (head, "head")):
+        if not batch:
+            continue
+        say(f"starting {what}: " + ", ".join(by_rank[r.rank].target.name for r in batch))
+        results = Group([by_rank[r.rank] for r in batch]).each(lambda c: _start_one(plan, c)).results
+        failed = [res for res in results if not res.ok]
+        if failed:
+            _abort(group, [f"{r.target.name}: docker run failed: {r.why()}" for r in failed])
+    return _settle(plan, group, settle_s)
+
+
+def _start_one(plan: Plan, conn: Connection) -> Result:
+    command, env_file = run_command(plan.ranks[conn.target.rank])
+    return conn.run(command, stdin=env_file, timeout=120)
+
+
+def _settle(plan: Plan, group: Group, settle_s: float) -> list[RankState]:
+    """Watch the containers for `settle_s`: a rank that dies at start dies here."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        current = states(group)
+        dead = [s for s in current if s.state != "running"]
+        if dead:
+            _abort(group, [diagnose(group, s) for s in dead])
+        if time.monotonic() >= deadline:
+            return current
+        time.sleep(0.5)
+
+
+def diagnose(group: Group, state: RankState) -> str:
+    """A failed rank in one block: what happened and its last log lines."""
+    conn = next(c for c in group.connections if c.target.rank == state.rank)
+    lines = [f"{conn.target.name}: {state.describe()}"]
+    if state.state != "unreachable":
+        tail = conn.run(f"docker logs --tail {LOG_TAIL} {CONTAINER_NAME} 2>&1", timeout=30)
+        lines += [f"  | {line}" for line in tail.stdout.rstrip().splitlines()[-LOG_TAIL:]]
+    return "\n".join(lines)
+
+
+def _abort(group: Group, problems: list[str]) -> None:
+    stop(group)
+    raise StartFailed("the cluster did not start; every rank's container was stopped.\n"
+                      + "\n".join(problems))

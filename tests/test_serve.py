@@ -1,0 +1,105 @@
+"""`up`, `status`, `logs`, `down` on the sandbox: what each rank's engine was really started with."""
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher.cli import main
+
+RECORD = "docker exec sparkstack-engine cat /var/log/sandbox-vllm/record.json"
+
+
+def cli(*args):
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def cfg(sandbox):
+    path = str(sandbox.config)
+    yield path
+    cli("down", "-c", path)
+
+
+@pytest.fixture(scope="module")
+def started(cfg):
+    result = cli("up", "-c", cfg)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def record(sandbox, name):
+    rc, out, err = sandbox.run(name, RECORD)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
+    plan = json.loads(cli("plan", "-c", cfg, "--json").stdout)
+    head = sandbox.rank("spark1")["address"]
+    for r, name in enumerate(sandbox.names):
+        rec = record(sandbox, name)
+        argv = rec["argv"]
+        assert argv[:2] == ["serve", "/models/glm53-sandbox"]
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+        assert argv[argv.index("--nnodes") + 1] == "4"
+        assert argv[argv.index("--node-rank") + 1] == str(r)
+        assert argv[argv.index("--master-addr") + 1] == head
+        assert ("--headless" in argv) == (r > 0)
+        assert rec["mode"] == ("headless" if r else "api")
+        assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(plan["kv"]["kv_cache_memory_bytes"])
+        assert argv[1:] == plan["ranks"][r]["engine"]
+        for key, value in plan["ranks"][r]["env"].items():
+            assert rec["env"][key] == value
+        # the image chain's patches are what the engine imports (dcp, mul1, keys stages)
+        assert set(rec["patches"]) >= {"vllm/v1/attention/backends/mla/sm120_dcp.py",
+                                       "vllm/model_executor/layers/quantization/exl3.py",
+                                       "vllm/model_executor/layers/sparse_attn_indexer.py"}
+
+
+def test_second_up_changes_nothing(sandbox, cfg, started):
+    before = json.loads(cli("status", "-c", cfg, "--json").stdout)
+    again = cli("up", "-c", cfg)
+    assert again.exit_code == 0 and "already running as planned" in again.output
+    after = json.loads(cli("status", "-c", cfg, "--json").stdout)
+    assert [r["started_at"] for r in after["ranks"]] == [r["started_at"] for r in before["ranks"]]
+    assert after["api"]["healthy"]
+    assert {r["state"] for r in after["ranks"]} == {"running"}
+
+
+def test_logs_of_a_worker(cfg, started):
+    result = cli("logs", "-c", cfg, "--rank", "2", "--tail", "20")
+    assert result.exit_code == 0 and "headless worker rank 2 of 4" in result.output
+
+
+def test_wait_answers(cfg, started):
+    result = cli("wait", "-c", cfg, "--timeout", "30")
+    assert result.exit_code == 0 and "serves GLM-5.3-sandbox" in result.output
+
+
+def test_a_rank_that_dies_at_start_stops_everyone(sandbox, cfg, started, tmp_path):
+    data = yaml.safe_load(open(cfg))
+    data["overrides"] = {"env": {"SANDBOX_VLLM_FAIL": "exit:3", "SANDBOX_VLLM_FAIL_NODE_RANK": "2"}}
+    broken = tmp_path / "cluster.yaml"
+    broken.write_text(yaml.safe_dump(data))
+    result = cli("up", "-c", str(broken))
+    assert result.exit_code == 1
+    assert "every rank's container was stopped" in result.output
+    assert "rank 2 (spark3): exited with code 3" in result.output
+    assert "EngineCore failed to start (simulated" in result.output  # its log tail
+    status = json.loads(cli("status", "-c", cfg, "--json").stdout)
+    assert {r["state"] for r in status["ranks"]} == {"absent"}
+    # and the good config brings it back
+    assert cli("up", "-c", cfg).exit_code == 0
+
+
+def test_down_twice_leaves_nothing(sandbox, cfg, started):
+    assert cli("down", "-c", cfg).exit_code == 0
+    assert cli("down", "-c", cfg).exit_code == 0
+    status = json.loads(cli("status", "-c", cfg, "--json").stdout)
+    assert {r["state"] for r in status["ranks"]} == {"absent"} and not status["api"]["healthy"]
+    rc, out, _ = sandbox.run("spark3", "docker ps -aq --filter name=sparkstack-engine")
+    assert rc == 0 and out.strip() == ""
