@@ -38,6 +38,46 @@ def write_config(tmp_path):
 from sandbox_fixture import sandbox  # noqa: E402,F401  (session-scoped: four ranks, up once)
 
 
+def _test_networks():
+    from ipaddress import ip_network
+
+    from launcher.sandbox.cluster import subnet
+
+    return [ip_network("127.0.0.0/8"), ip_network("::1/128"), subnet()]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def network_guard():
+    """Tests talk only to loopback and the sandbox's own ranks. Anything else (the example
+    config's addresses, say) is refused here, before a packet leaves this machine."""
+    import socket
+    from ipaddress import ip_address
+
+    allowed = _test_networks()
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def check(address):
+        if isinstance(address, tuple):
+            try:
+                ip = ip_address(address[0])
+            except ValueError:
+                raise ConnectionRefusedError(f"test network guard: {address[0]} is a name, not a test host") from None
+            if not any(ip in net for net in allowed):
+                raise ConnectionRefusedError(f"test network guard: {ip} is not a test host")
+
+    def connect(self, address):
+        check(address)
+        return real_connect(self, address)
+
+    def connect_ex(self, address):
+        check(address)
+        return real_connect_ex(self, address)
+
+    socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+    yield
+    socket.socket.connect, socket.socket.connect_ex = real_connect, real_connect_ex
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """On CI (SPARKSTACK_NO_SKIPS=1) a skip is a failure: a missing tool must not pass silently."""
