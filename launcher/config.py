@@ -84,6 +84,7 @@ class Overrides(Strict):
     runtime_overhead_gib: NonNegativeFloat = 14.0
     api_port: int | None = Field(None, ge=1, le=65535)
     api_key: str | None = None  # passed as VLLM_API_KEY in the container env, masked in output
+    sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
 
 
 class Cluster(Strict):

@@ -1,0 +1,199 @@
+"""`sparkstack ansible-inventory` and launcher/node_settings.py: pure tests, no ranks needed.
+
+The golden inventories come from env/cluster.example.yaml (as shipped, and with its commented
+`nfs` and `jump` lines switched on), with HOME fixed so `~` expands the same everywhere.
+SPARKSTACK_UPDATE_GOLDEN=1 rewrites them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import cli, config, inventory, node_settings
+from launcher.node_settings import NodeSettingsError
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden" / "inventory"
+UPDATE = os.environ.get("SPARKSTACK_UPDATE_GOLDEN") == "1"
+ANSIBLE_INVENTORY = Path(sys.executable).with_name("ansible-inventory")
+
+
+def _nfs_and_jump(data: dict) -> None:
+    data["model"]["nfs"] = {"server": "spark1", "export": "/srv/models/keys-GLM-5.3-EXL3"}
+    data["ranks"][3]["jump"] = "admin@bastion.lan:2222"
+
+
+VARIANTS = {"example": None, "example-nfs-jump": _nfs_and_jump}
+
+
+@pytest.fixture
+def load_example(write_config, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/operator")
+
+    def load(variant: str = "example", edit=None):
+        def edits(data):
+            for change in (VARIANTS[variant], edit):
+                if change:
+                    change(data)
+
+        return config.load(write_config(edits)).cluster
+
+    return load
+
+
+@pytest.mark.parametrize("fmt", inventory.FORMATS)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_inventory_matches_golden(load_example, variant, fmt):
+    text = inventory.render(load_example(variant), fmt)
+    golden = GOLDEN / f"{variant}.{fmt}"
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+@pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-core is not installed")
+@pytest.mark.parametrize("fmt", inventory.FORMATS)
+def test_ansible_reads_back_what_was_meant(load_example, tmp_path, fmt):
+    """Both formats, parsed by Ansible itself, give every host exactly build()'s variables
+    (the INI form depends on Ansible's literal_eval of each value)."""
+    cluster = load_example("example-nfs-jump")
+    path = tmp_path / f"inventory.{'yml' if fmt == 'yaml' else 'ini'}"
+    path.write_text(inventory.render(cluster, fmt))
+    listed = json.loads(subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(path), "--list"],
+                                       capture_output=True, text=True, check=True).stdout)
+    group = inventory.build(cluster)["all"]["children"]["spark"]
+    assert listed["spark"]["hosts"] == list(group["hosts"])
+    for name, hv in group["hosts"].items():
+        assert listed["_meta"]["hostvars"][name] == {**group["vars"], **hv}, name
+
+
+def test_host_vars_reach_ranks_like_the_launcher(load_example):
+    hosts = inventory.build(load_example("example-nfs-jump"))["all"]["children"]["spark"]["hosts"]
+    assert list(hosts) == ["spark1", "spark2", "spark3", "spark4"]
+    assert [h["spark_rank"] for h in hosts.values()] == [0, 1, 2, 3]
+    s1, s4 = hosts["spark1"], hosts["spark4"]
+    assert (s1["ansible_host"], s1["ansible_port"], s1["ansible_user"]) == ("10.0.0.11", 22, "spark")
+    assert s1["ansible_ssh_private_key_file"] == "/home/operator/.ssh/id_ed25519"
+    assert s1["ansible_ssh_common_args"] == (
+        "-o UserKnownHostsFile=/home/operator/.ssh/known_hosts -o StrictHostKeyChecking=yes")
+    # the bastion is verified against the same known_hosts, with the rank's key
+    assert "ProxyCommand=ssh -o UserKnownHostsFile=/home/operator/.ssh/known_hosts " \
+           "-o StrictHostKeyChecking=yes -p 2222 -i /home/operator/.ssh/id_ed25519 " \
+           "-W %h:%p admin@bastion.lan" in s4["ansible_ssh_common_args"]
+    assert [h["spark_nfs_server"] for h in hosts.values()] == [True, False, False, False]
+
+
+def test_fstab_bind_mounts_on_the_nfs_server_and_mounts_nfs_elsewhere(load_example):
+    cluster = load_example("example-nfs-jump")
+    assert node_settings.nfs_server_index(cluster) == 0
+    assert node_settings.fstab_entry(cluster, 0) == (
+        "/srv/models/keys-GLM-5.3-EXL3 /models/keys-GLM-5.3-EXL3 none bind,nofail 0 0")
+    for i in (1, 2, 3):
+        assert node_settings.fstab_entry(cluster, i) == (
+            "spark1:/srv/models/keys-GLM-5.3-EXL3 /models/keys-GLM-5.3-EXL3 nfs "
+            "ro,noatime,nofail,_netdev 0 0")
+
+
+def _nfs(**changes):
+    return lambda data: data["model"]["nfs"].update(changes)
+
+
+def test_fstab_cases(load_example):
+    assert node_settings.fstab_entry(load_example(), 0) is None  # no model.nfs
+    nas = load_example("example-nfs-jump", _nfs(server="nas.lan"))  # not a rank: all are clients
+    assert node_settings.nfs_server_index(nas) is None
+    assert all(node_settings.fstab_entry(nas, i).startswith("nas.lan:") for i in range(4))
+    by_fabric_ip = load_example("example-nfs-jump", _nfs(server="192.168.178.3"))
+    assert node_settings.nfs_server_index(by_fabric_ip) == 2
+    # the export already is the shared path: nothing to bind on the server
+    same_path = load_example("example-nfs-jump", _nfs(export="/models/keys-GLM-5.3-EXL3"))
+    assert node_settings.fstab_entry(same_path, 0) is None
+    spaced = load_example("example-nfs-jump", _nfs(export="/srv/my models"))
+    with pytest.raises(NodeSettingsError, match="model.nfs.export.*cannot go into /etc/fstab"):
+        node_settings.fstab_entry(spaced, 1)
+
+
+def test_sysctls_base_and_config_extras():
+    assert node_settings.sysctls() == {"vm.compaction_proactiveness": 0, "vm.swappiness": 1}
+    cluster = SimpleNamespace(overrides=SimpleNamespace(
+        sysctls={"net.ipv4.ip_forward": 1, "vm.swappiness": 10}))
+    assert node_settings.sysctls(cluster) == {"net.ipv4.ip_forward": 1,
+                                              "vm.compaction_proactiveness": 0, "vm.swappiness": 10}
+    assert node_settings.sysctl_conf(cluster).splitlines()[1:] == [
+        "net.ipv4.ip_forward = 1", "vm.compaction_proactiveness = 0", "vm.swappiness = 10"]
+    for bad in ({"swappiness": 1}, {"vm.swappiness": "1\nkernel.x = 1"}, {"vm.swappiness": True}):
+        with pytest.raises(NodeSettingsError, match="overrides.sysctls"):
+            node_settings.sysctls(SimpleNamespace(overrides=SimpleNamespace(sysctls=bad)))
+
+
+def test_drop_caches_rule_is_narrow():
+    assert node_settings.sudoers_rule("spark") == (
+        "spark ALL=(root) NOPASSWD: /usr/sbin/sysctl -w vm.drop_caches=3\n")
+    assert node_settings.drop_caches_command("spark") == (
+        "sync && sudo -n /usr/sbin/sysctl -w vm.drop_caches=3")
+    assert node_settings.drop_caches_command("root") == "sync && echo 3 > /proc/sys/vm/drop_caches"
+    with pytest.raises(NodeSettingsError, match="cannot be named in a sudoers rule"):
+        node_settings.sudoers_rule("spark ALL=(ALL) NOPASSWD: ALL #")
+
+
+@pytest.mark.skipif(shutil.which("visudo") is None, reason="no visudo here")
+def test_sudoers_file_passes_visudo(tmp_path):
+    path = tmp_path / "rule"
+    path.write_text(node_settings.sudoers_file("spark"))
+    subprocess.run(["visudo", "-cf", str(path)], check=True, capture_output=True)
+
+
+def test_limits_and_docker_ulimits():
+    rows = node_settings.limits_conf().splitlines()[1:]
+    assert "* hard nofile 1048576" in rows and "root hard memlock unlimited" in rows
+    assert node_settings.docker_default_ulimits() == {
+        "memlock": {"Name": "memlock", "Soft": -1, "Hard": -1},
+        "nofile": {"Name": "nofile", "Soft": 1048576, "Hard": 1048576}}
+
+
+def test_sandbox_ranks_get_files_only(load_example):
+    assert all(inventory.group_vars(load_example())[k] for k in _LIVE_SWITCHES)
+    cluster = load_example(edit=lambda data: data["ranks"][0].update(sysfs_root="/sandbox/sysfs"))
+    assert inventory.is_sandbox(cluster)
+    assert not any(inventory.group_vars(cluster)[k] for k in _LIVE_SWITCHES)
+
+
+_LIVE_SWITCHES = ("spark_node_apply_live", "spark_node_mount_now", "spark_node_manage_services",
+                  "spark_node_install_packages")
+
+
+def test_duplicate_rank_names_are_refused(load_example):
+    cluster = load_example(edit=lambda data: data["ranks"][2].update(name="spark1"))
+    with pytest.raises(inventory.InventoryError, match=r"ranks\[2\] and ranks\[0\] are both called"):
+        inventory.build(cluster)
+
+
+def test_ini_values_read_back_as_the_same_type():
+    assert inventory._ini_value("True") == "'True'"  # a string, not a boolean
+    assert inventory._ini_value("10.0.0.11") == "10.0.0.11"
+    assert inventory._ini_value(False) == "False"
+    assert inventory._ini_value({"a": [1]}) == "{'a': [1]}"
+
+
+@pytest.mark.parametrize("fmt", inventory.FORMATS)
+def test_cli_prints_the_inventory(load_example, write_config, fmt):
+    path = write_config()
+    result = CliRunner().invoke(cli.main, ["ansible-inventory", "-c", str(path), "--format", fmt])
+    assert result.exit_code == 0, result.output
+    assert result.output == inventory.render(config.load(path).cluster, fmt)
+
+
+def test_cli_bad_config_is_one_message(tmp_path):
+    result = CliRunner().invoke(cli.main, ["ansible-inventory", "-c", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert "no such cluster config file" in result.output and "Traceback" not in result.output
