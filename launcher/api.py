@@ -41,8 +41,9 @@ def health(ep: Endpoint, timeout: float = 3.0) -> bool:
         return False
 
 
-def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0) -> float:
+def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, watch=None) -> float:
     """/health, then /v1/models lists the model, then one short completion answers.
+    `watch()` runs between polls (e.g. raising when a rank's engine died meanwhile).
     Returns the seconds it took; raises NotServing naming the step it was stuck at."""
     started = time.monotonic()
     deadline = started + timeout
@@ -50,6 +51,8 @@ def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0) -> 
                         ("a completion", _completes)):
         last = "no answer yet"
         while True:
+            if watch:
+                watch()
             try:
                 ok, last = probe(ep)
             except httpx.HTTPError as e:
@@ -60,6 +63,8 @@ def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0) -> 
             if time.monotonic() > deadline:
                 raise NotServing(f"{ep.url} not serving after {timeout:.0f} s: stuck at {step} ({last})")
             time.sleep(poll_s)
+    if watch:
+        watch()  # every rank still up once the head answers
     return time.monotonic() - started
 
 

@@ -15,15 +15,16 @@ import io
 import json
 import os
 import re
+import shlex
 import socket
 import time
 import urllib.parse
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .errors import SparkstackError
-from .images import Base, Chain, RenderedStage, context_tar, instruction_lines
+from .images import LABEL, Base, Chain, RenderedStage, context_tar, instruction_lines
 
 LAST_LINES = 15          # of build output, shown when a stage fails
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -275,18 +276,166 @@ def local_base_id(name: str) -> str | None:
         return None
 
 
-def build_on_ranks(loaded, chain: Chain, on_event: OnEvent = _quiet) -> None:
+# ----------------------------------------------------------------------------------------------
+# build --on-ranks: the same chain built by every rank's Docker, over SSH (launcher.remote)
+
+RANK_BUILD_TIMEOUT_S = 3600
+_ID_MARK = "sparkstack-image-id "
+
+
+@dataclass
+class RankBuild:
+    """One rank's part of `build --on-ranks`."""
+
+    rank: int
+    host: str
+    status: str = "up-to-date"   # built | up-to-date | failed
+    stages: list[dict] = field(default_factory=list)  # StageResult.to_json() of each stage done
+    error: str | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda line: None,
+                   group=None) -> list[RankBuild]:
     """`sparkstack build --on-ranks`: the same chain built on every rank in parallel.
 
-    TODO(remote): needs launcher/remote.py's per-rank runner (owned by the remote-execution
-    work). The contract, so it can be filled in without touching the rest: for each rank, in
-    parallel, and for each stage in order, skip it when `docker image inspect <tag>` succeeds on
-    the rank; else stream `context_tar(stage)` (a few KB: never the patch directory) into
-    `docker build -t <tag> <--build-arg k=v for stage.args> -` (the labels are in its Dockerfile)
-    on the rank; gather one result per rank (built / up to date / failed with the rank's last
-    output). The ranks must hold the same base: compare the base's image ID on each rank with
-    `chain.base.image_id` first, since the tags hash it.
-    """
-    raise BuildError("build --on-ranks is not available yet: it needs the remote-execution layer "
-                     "(launcher/remote.py). Build here and ship, or build on each rank by hand "
-                     "from `sparkstack build --render-only DIR`.")
+    Each rank is asked once which of the base and the stages it holds; then, stage after stage,
+    it builds those it lacks from `context_tar(stage)` on stdin (a few KB: never the patch
+    directory). A stage counts as present only with the right chain label. One result per rank;
+    a failing rank never stops the others. `group`: open connections (default: the config's)."""
+    from . import remote
+
+    own = group is None
+    if own:
+        cluster = loaded.cluster
+        group = remote.Group.from_targets(remote.targets_from_config(cluster),
+                                          cluster.ssh.known_hosts or remote.DEFAULT_KNOWN_HOSTS)
+    try:
+        probes = {r.target.rank: r for r in group.run(_probe_command(chain), timeout=60).results}
+        have = {rank: _parse_probe(r.stdout) for rank, r in probes.items() if r.ok}
+        chain = _chain_for_ranks(loaded, chain, have)
+
+        def one(conn) -> RankBuild:
+            rank = _build_rank(conn, chain, probes[conn.target.rank], have.get(conn.target.rank, {}))
+            say(_rank_line(conn.target.name, rank))
+            return rank
+
+        return group.each(one).results
+    finally:
+        if own:
+            group.close()
+
+
+def _probe_command(chain: Chain) -> str:
+    """`<ref> <id> <chain label>` for the base and each stage the rank holds."""
+    refs = " ".join(shlex.quote(r) for r in [chain.base.name] + [s.tag for s in chain.stages])
+    fmt = shlex.quote(f'{{{{.Id}}}} {{{{index .Config.Labels "{LABEL}.chain"}}}}')
+    return (f'for r in {refs}; do i=$(docker image inspect --format {fmt} "$r" 2>/dev/null) '
+            f'&& echo "$r $i"; done; docker version --format "{{{{.Server.Version}}}}" >/dev/null')
+
+
+def _parse_probe(stdout: str) -> dict[str, tuple[str, str]]:
+    """ref -> (image ID, chain label)."""
+    found = {}
+    for line in stdout.splitlines():
+        ref, _, rest = line.partition(" ")
+        image_id, _, label = rest.partition(" ")
+        found[ref] = (image_id, label)
+    return found
+
+
+def _chain_for_ranks(loaded, chain: Chain, have: dict[int, dict]) -> Chain:
+    """The tags hash the base's image ID. When this host lacks the base (the point of building
+    on the ranks), take the ID most ranks hold and render the chain for it; ranks holding
+    another base fail in _build_rank."""
+    if chain.base.image_id or not chain.stages:
+        return chain
+    from collections import Counter
+
+    from .images import chain_for
+
+    ids = Counter(h[chain.base.name][0] for h in have.values() if chain.base.name in h)
+    if not ids:
+        return chain
+    return chain_for(loaded, ids.most_common(1)[0][0], repository=chain.stages[0].tag.rpartition("/")[0])
+
+
+def _build_rank(conn, chain: Chain, probe, have: dict[str, tuple[str, str]]) -> RankBuild:
+    name = conn.target.name
+    out = RankBuild(conn.target.rank, conn.target.address)
+    started = time.monotonic()
+    out.error = _base_problem(name, chain, probe, have)
+    if out.error:
+        out.status = "failed"
+        return out
+    done: list[StageResult] = []
+    for stage in chain.stages:
+        t = time.monotonic()
+        image_id, label = have.get(stage.tag, ("", ""))
+        built = label != stage.digest
+        if built:
+            result = conn.run(_rank_build_command(stage), stdin=context_tar(stage),
+                              timeout=RANK_BUILD_TIMEOUT_S)
+            image_id = _built_id(result.stdout) if result.ok else None
+            if not image_id:
+                out.status, out.error = "failed", f"{name}: " + _rank_failure(stage, result, done)
+                break
+            out.status = "built"
+        done.append(StageResult(stage.name, stage.tag, image_id, built, time.monotonic() - t))
+    out.stages = [r.to_json() for r in done]
+    out.seconds = round(time.monotonic() - started, 3)
+    return out
+
+
+def _base_problem(name: str, chain: Chain, probe, have: dict) -> str | None:
+    if not probe.ok:
+        why = probe.why()
+        if "Cannot connect to the Docker daemon" in why:
+            why = f"Docker daemon not running ({why}); start it: sudo systemctl start docker"
+        return why if why.startswith(name) else f"{name}: {why}"
+    base = chain.base
+    if base.name not in have:
+        return (f"{name}: base image {base.name} is not on the rank; ship it "
+                f"(`sparkstack ship --image {base.name}`) or load it there, then re-run")
+    if base.image_id and have[base.name][0] != base.image_id:
+        return (f"{name}: base image {base.name} is {have[base.name][0]} on the rank, not "
+                f"{base.image_id} as elsewhere (the tags hash it); ship the same base "
+                f"(`sparkstack ship --image {base.name}`), then re-run")
+    return None
+
+
+def _rank_build_command(stage: RenderedStage) -> str:
+    """The classic builder (its `Step N/M` lines name the failing instruction), the context
+    a tar on stdin; then the new image's ID."""
+    args = " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in sorted(stage.args.items()))
+    tag = shlex.quote(stage.tag)
+    return (f"DOCKER_BUILDKIT=0 docker build --force-rm -t {tag} {args} - && "
+            f"echo {_ID_MARK}$(docker image inspect --format '{{{{.Id}}}}' {tag})")
+
+
+def _built_id(stdout: str) -> str | None:
+    marks = [line[len(_ID_MARK):].strip() for line in stdout.splitlines() if line.startswith(_ID_MARK)]
+    return marks[-1] if marks and marks[-1].startswith("sha256:") else None
+
+
+def _rank_failure(stage: RenderedStage, result, done: list[StageResult]) -> str:
+    """Like a local failure: the stage, its Dockerfile line, what Docker said and printed last."""
+    if result.error:  # the connection, not the build
+        return f"stage {stage.name}: {result.error}"
+    last: deque[str] = deque(maxlen=LAST_LINES)
+    step = [0]
+    _follow(stage, result.stdout, step, last, _quiet)
+    said = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    detail = said[-1] if said else f"docker build exited {result.exit_status}"
+    return _failure(stage, step[0], detail, last, done)
+
+
+def _rank_line(name: str, rank: RankBuild) -> str:
+    if rank.status == "failed":
+        return f"{name}: FAILED: {rank.error}"
+    parts = [f"{s['name']} {'built %.1fs' % s['seconds'] if s['built'] else 'up to date'}"
+             for s in rank.stages]
+    return f"{name}: {rank.status} ({', '.join(parts) or 'no stages'})"

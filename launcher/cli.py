@@ -60,17 +60,24 @@ def main():
 @config_option
 @json_option
 @click.option("--show-secrets", is_flag=True, help="print the API key instead of ***")
+@click.option("--offline", is_flag=True,
+              help="do not probe the ranks: plan from the config and the profile alone")
 @friendly_errors
-def plan(config_file, as_json, show_secrets):
+def plan(config_file, as_json, show_secrets, offline):
     """Show what `up` would run on every rank, touching nothing.
 
     Per rank: the environment, the `docker run` argv, the engine argv (after `vllm serve`), and
     the KV sizing: bytes per token, the --kv-cache-memory-bytes to pass and the tokens that fit.
+    The ranks are probed first (read-only, one command each) for their MemAvailable and their
+    own fabric environment; ranks that do not answer within a few seconds are planned offline.
     Inputs that could not be read (the checkpoint, the ranks' memory) fall back on the profile's
     seed figures and a GB10's memory; they are listed under "assumed".
     """
     loaded = config_mod.load(config_mod.config_path(config_file))
-    result = plan_mod.build(loaded)
+    facts, note = ({}, None) if offline else _probe_for_plan(loaded)
+    result = plan_mod.build(loaded, facts=facts)
+    if note:
+        result.assumed.append(note)
     data = result.to_json(reveal_secrets=show_secrets)
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -244,10 +251,12 @@ def _measure_with_progress(bench_mod, target, settings):
               help="write each stage's build context (Dockerfile + files) under DIR/<stage>/ "
                    "and build nothing")
 @click.option("-v", "--verbose", is_flag=True, help="print Docker's build output as it comes")
-@click.option("--on-ranks", is_flag=True, hidden=True,
-              help="build the chain on every rank over SSH (not available yet)")
+@click.option("--on-ranks", is_flag=True,
+              help="build the chain on every rank's Docker over SSH instead (each rank needs the base)")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="with --on-ranks: accept and record host keys not yet in known_hosts")
 @friendly_errors
-def build(config_file, as_json, render_dir, verbose, on_ranks):
+def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
     """Build the profile's image chain (e.g. dcp → mul1 → v145 → keys) on the local Docker.
 
     \b
@@ -256,6 +265,9 @@ def build(config_file, as_json, render_dir, verbose, on_ranks):
     stages and the stages after them are built; an unchanged chain builds nothing. A stage,
     parent, patch file or template problem is refused before anything is built.
     --json prints {"stages": [{"name", "tag", "image_id", "built", "seconds"}]}.
+    --on-ranks sends each rank only the stages' build contexts (a few KB) and builds there, all
+    ranks in parallel; --json then prints {"ranks": [{"rank", "host", "status", "stages",
+    "error", "seconds"}]}.
     """
     import pathlib
 
@@ -272,7 +284,7 @@ def build(config_file, as_json, render_dir, verbose, on_ranks):
                                 str(pathlib.Path(render_dir) / s.name / "Dockerfile")} for s in chain.stages])
         return
     if on_ranks:
-        build_mod.build_on_ranks(loaded, chain)
+        return _build_on_ranks(build_mod, loaded, chain, as_json, trust_new_hosts)
     if not chain.stages:
         _print_build(as_json, [], f"profile {loaded.profile.name} uses {chain.base.name} as it is: "
                                   f"nothing to build")
@@ -284,6 +296,29 @@ def build(config_file, as_json, render_dir, verbose, on_ranks):
     with show:
         results = build_mod.build_chain(engine, chain, show)
     _print_build(as_json, [r.to_json() for r in results], f"image {chain.top}")
+
+
+def _build_on_ranks(build_mod, loaded, chain, as_json: bool, trust_new_hosts: bool) -> None:
+    from . import remote
+
+    cluster = loaded.cluster
+    with remote.Group.from_targets(remote.targets_from_config(cluster), _known_hosts(cluster),
+                                   trust_new=trust_new_hosts, say=err.print) as group:
+        ranks = build_mod.build_on_ranks(loaded, chain, say=lambda line: err.print(line, markup=False),
+                                         group=group)
+    if as_json:
+        click.echo(json.dumps({"ranks": [r.to_json() for r in ranks]}, indent=2))
+    else:
+        for r in ranks:
+            built = sum(s["built"] for s in r.stages)
+            out.print(f"rank {r.rank} {r.host:<16} {r.status:<10} {built} of {len(chain.stages)} "
+                      f"stages built ({r.seconds:.1f} s)" + (f"\n  {r.error}" if r.error else ""),
+                      markup=False)
+    failed = [r for r in ranks if r.status == "failed"]
+    if failed:
+        raise build_mod.BuildError(f"build failed on {len(failed)} of {len(ranks)} ranks "
+                                   f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause "
+                                   f"above and re-run: stages already built are kept")
 
 
 def _print_build(as_json: bool, stages: list[dict], summary: str = "") -> None:
@@ -354,8 +389,6 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
     verified by digest. A rank gets the image's tag only once its image ID equals this host's.
     --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
     """
-    import docker
-
     from . import build as build_mod
     from . import images as images_mod
     from . import remote
@@ -365,7 +398,7 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
     if not refs:
         base = images_mod.base_name(loaded)
         refs = [images_mod.chain_for(loaded, build_mod.local_base_id(base) if base else None).top]
-    ids = ship_mod.local_image_ids(list(refs), docker.from_env())
+    ids = ship_mod.local_image_ids(list(refs))  # Docker's socket, without docker-py
     cluster = loaded.cluster
     with remote.Group.from_targets(remote.targets_from_config(cluster), _known_hosts(cluster),
                                    trust_new=trust_new_hosts, say=err.print) as group:
@@ -414,6 +447,264 @@ def ansible_inventory(config_file, fmt):
 
     loaded = config_mod.load(config_mod.config_path(config_file))
     click.echo(inventory.render(loaded.cluster, fmt), nl=False)
+
+
+trust_option = click.option("--trust-new-hosts", is_flag=True,
+                            help="accept and record host keys not yet in known_hosts")
+
+
+@main.command()
+@config_option
+@trust_option
+@click.option("--restart", is_flag=True, help="start again even if already running as planned")
+@click.option("--timeout", "wait_timeout", type=float, default=900, show_default=True,
+              help="seconds to wait for the API once started")
+@friendly_errors
+def up(config_file, trust_new_hosts, restart, wait_timeout):
+    """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
+    ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
+
+    \b
+    A failed check starts nothing. If any rank fails to start, every rank is stopped and each
+    failed rank is shown with its exit code and last log lines. A cluster already running as
+    planned is left alone: `up` then changes nothing (use --restart to force).
+    """
+    from . import deploy
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    with deploy.group_for(loaded, trust_new_hosts, say) as group:
+        report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
+    from . import api
+
+    out.print(f"serving {loaded.profile.name} at {api.endpoint(loaded).url} "
+              f"({'started' if report.changed else 'unchanged'}, {report.seconds:.1f} s)")
+
+
+@main.command()
+@config_option
+@trust_option
+@friendly_errors
+def down(config_file, trust_new_hosts):
+    """Stop and remove the serving container on every rank (fine when nothing runs)."""
+    from . import deploy
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    with deploy.group_for(loaded, trust_new_hosts, say) as group:
+        failed = deploy.down(loaded, group, say)
+    if failed:
+        raise SparkstackError(f"could not stop the container on {', '.join(failed)}")
+    out.print("stopped on every rank")
+
+
+@main.command()
+@config_option
+@json_option
+@trust_option
+@friendly_errors
+def status(config_file, as_json, trust_new_hosts):
+    """Per rank: the serving container's state and uptime, its image, and the API on rank 0."""
+    from . import api, deploy, serve
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
+        states = serve.states(group)
+    ep = api.endpoint(loaded)
+    data = {"ranks": [s.to_json() for s in states], "api": {"url": ep.url, "healthy": api.health(ep)}}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for s in states:
+        out.print(f"rank {s.rank} {s.host:<16} {s.describe():<12} {s.image or ''}"
+                  + (f"  since {s.started_at}" if s.state == "running" else ""), markup=False)
+    out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
+
+
+@main.command()
+@config_option
+@trust_option
+@click.option("--rank", "rank", type=int, default=0, show_default=True, help="whose logs")
+@click.option("-f", "--follow", is_flag=True, help="keep printing; Ctrl+C detaches, the model keeps running")
+@click.option("--tail", type=int, default=100, show_default=True, help="lines of history")
+@friendly_errors
+def logs(config_file, trust_new_hosts, rank, follow, tail):
+    """Show a rank's serving container log."""
+    from . import deploy
+    from .plan import CONTAINER_NAME
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    if not 0 <= rank < len(loaded.cluster.ranks):
+        raise SparkstackError(f"--rank {rank}: the config has ranks 0..{len(loaded.cluster.ranks) - 1}")
+    with deploy.group_for(loaded, trust_new_hosts, lambda line: err.print(line)) as group:
+        conn = group.connections[rank]
+        command = f"docker logs --tail {tail} {'-f ' if follow else ''}{CONTAINER_NAME} 2>&1"
+        status = conn.stream(command, lambda data: (sys.stdout.buffer.write(data), sys.stdout.flush()))
+    if status not in (0, None):
+        raise SparkstackError(f"{conn.target.name}: no serving container to show (docker logs exited {status})")
+
+
+@main.command()
+@config_option
+@click.option("--timeout", "wait_timeout", type=float, default=900, show_default=True)
+@friendly_errors
+def wait(config_file, wait_timeout):
+    """Wait until rank 0's API answers: /health, then /v1/models, then one short completion."""
+    from . import api
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    ep = api.endpoint(loaded)
+    seconds = api.wait_ready(ep, wait_timeout, say=lambda line: err.print(line, markup=False))
+    out.print(f"{ep.url} serves {ep.model} ({seconds:.1f} s)")
+
+
+PLAN_PROBE_TIMEOUT_S = 3.0  # `plan` is a look, not a preflight: it never waits long for a rank
+
+
+def _probe_for_plan(loaded):
+    """Facts of the ranks that answer, and the `assumed` line for those that do not (None when
+    all answered). Never fails: an unreachable cluster gives the offline plan."""
+    from . import gather
+
+    timeout = min(PLAN_PROBE_TIMEOUT_S, float(loaded.cluster.ssh.connect_timeout_s))
+    try:
+        with gather.open_group(loaded, connect_timeout=timeout) as group:
+            found = gather.gather(group, loaded)
+    except SparkstackError as e:  # e.g. a config the SSH layer refuses: plan offline
+        return {}, f"ranks not probed ({e.message.splitlines()[0]}); `--offline` skips the attempt"
+    missing = [f"rank {r} ({g.host})" for r, g in found.items() if g.facts is None]
+    if not missing:
+        return gather.facts_of(found), None
+    return gather.facts_of(found), (
+        f"ranks not probed (no answer within {timeout:.0f} s: {', '.join(missing)}): planned "
+        "from the config alone; `sparkstack check` says why, `--offline` skips the attempt")
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("-v", "--verbose", is_flag=True, help="show every row's value, not only the problems")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@friendly_errors
+def check(config_file, as_json, verbose, trust_new_hosts):
+    """Preflight every rank, read-only: one table of rank × check.
+
+    \b
+    ssh, docker, image (the profile's serving image, same ID on every rank), gpu, memory
+    (MemAvailable vs weights + KV + runtime + headroom), swap, sysctls, ulimits (what a
+    container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
+    fabric IP), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
+    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s).
+    Each row is pass / warn / fail with the measured value and, when not pass, the fix.
+    Exit 0 when nothing fails, 1 otherwise. --json prints
+    {"ok", "ranks": [{"rank", "host", "checks": [{"name", "status", "value", "fix"}]}]}.
+    """
+    from . import check as check_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    report = check_mod.run(loaded, trust_new=trust_new_hosts)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        _print_check(check_mod, report, verbose)
+    sys.exit(0 if report.ok else 1)
+
+
+_STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]WARN[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def _print_check(check_mod, report, verbose: bool) -> None:
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("check")
+    for r in report.ranks:
+        table.add_column(f"{r.rank} {r.host}")
+    cells = {(r.rank, c.name): c.status for r in report.ranks for c in r.checks}
+    for name in check_mod.ORDER:
+        if any((r.rank, name) in cells for r in report.ranks):
+            table.add_row(name, *(_STATUS_STYLE.get(cells.get((r.rank, name)), "[dim]-[/]")
+                                  for r in report.ranks))
+    out.print(table)
+    for r in report.ranks:
+        for c in r.checks:
+            if verbose or c.status != "pass":
+                out.print(f"{_STATUS_STYLE[c.status]} rank {r.rank} {r.host} [bold]{c.name}[/]: ",
+                          end="")
+                out.print(c.value, markup=False)
+                if c.fix:
+                    out.print(f"     fix: {c.fix}", markup=False)
+    verdict = "[green]ok[/]" if report.ok else "[bold red]not ready[/]"
+    out.print(f"{verdict} ({report.seconds:.2f} s)")
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--no-drop", is_flag=True, help="set sysctls and mounts only; keep the page cache")
+@click.option("--wait-timeout", type=click.FloatRange(min=1), default=120, show_default=True,
+              help="seconds to wait for MemAvailable to come back after dropping caches")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@friendly_errors
+def prep(config_file, as_json, no_drop, wait_timeout, trust_new_hosts):
+    """Prepare every rank for serving after a boot (idempotent, all ranks in parallel).
+
+    \b
+    Sets the sysctls of launcher/node_settings.py (vm.swappiness=1,
+    vm.compaction_proactiveness=0, plus overrides), mounts the checkpoint's NFS export at
+    model.path when the config names one and it is not mounted (the NFS server's own node
+    bind-mounts its export there), drops page caches and waits until every rank's MemAvailable
+    covers what the plan needs. Reports per rank what changed and what was already set.
+    Needs root or sudo on the ranks (the cache drop alone works through the narrow sudoers
+    rule). --json prints {"ok", "mem_needed", "seconds", "ranks": [{"rank", "host",
+    "changed", "already", "failed", "mem_available", "error"}]}.
+    """
+    from . import prep as prep_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    report = prep_mod.run(loaded, trust_new=trust_new_hosts, drop=not no_drop,
+                          wait_timeout=wait_timeout,
+                          say=lambda line: err.print(line, markup=False, highlight=False))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        for r in report.ranks:
+            out.print(f"rank {r.rank} {r.host}", markup=False)
+            if r.error:
+                out.print(f"  [bold red]error:[/] {r.error}")
+                continue
+            for label, items in (("changed", r.changed), ("already set", r.already), ("FAILED", r.failed)):
+                if items:
+                    out.print(f"  {label}: {', '.join(items)}", markup=False)
+            if r.mem_available is not None:
+                out.print(f"  MemAvailable {r.mem_available / 2**30:.1f} GiB", markup=False)
+    if not report.ok:
+        bad = [f"rank {r.rank}" for r in report.ranks if r.error or r.failed]
+        raise SparkstackError(f"prep failed on {', '.join(bad)}: see the lines above; fix and re-run "
+                              "`sparkstack prep` (what is already set is left alone)")
+
+
+@main.command("systemd-unit")
+@config_option
+@click.option("--user", default=None, help="who runs it (default: you)")
+@click.option("--timeout", type=int, default=1800, show_default=True, help="seconds `up` waits for the API")
+@friendly_errors
+def systemd_unit(config_file, user, timeout):
+    """Print a systemd unit that runs `sparkstack up` on this control host after every boot."""
+    import getpass
+    import pathlib
+
+    import jinja2
+
+    path = config_mod.config_path(config_file).resolve()
+    loaded = config_mod.load(path)
+    templates = pathlib.Path(__file__).resolve().parent.parent / "templates"
+    unit = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True).get_template("sparkstack-up.service.j2")
+    click.echo(unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
+                           user=user or getpass.getuser(), workdir=path.parent, config=path,
+                           sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python
+                           timeout=timeout), nl=False)
 
 
 from .sandbox.cli import sandbox  # noqa: E402  (its own group: sparkstack sandbox up|down|status)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import docker
 
-from . import api, build, images, plan as plan_mod, serve, ship
+from . import api, build, check, images, prep, serve, ship
+from . import plan as plan_mod
 from .config import Loaded
 from .errors import SparkstackError
 from .remote import DEFAULT_KNOWN_HOSTS, Group, targets_from_config
@@ -37,17 +38,16 @@ def serving_image(loaded: Loaded) -> str:
 
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
-       say=print, prepare=None, check=None) -> UpReport:
-    """`prepare(group)` and `check(group) -> plan` are the node-preparation and preflight steps
-    (launcher.prep / launcher.check); without them the plan is made from the config alone."""
+       say=print) -> UpReport:
+    """prep → check (a failed row starts nothing) → images → start → wait (module docstring)."""
     report = UpReport()
     started = time.monotonic()
-    if prepare:
-        prepare(group)
-        report.steps.append("prepared the nodes")
-    the_plan = check(group) if check else plan_mod.build(loaded)
-    if check:
-        report.steps.append("checked every rank")
+    say("preparing the nodes (sysctls, checkpoint mount, page caches)")
+    prep.prepare(loaded, group, say=say).raise_for_failures()
+    report.steps.append("prepared the nodes")
+    say("checking every rank")
+    the_plan = check.plan_or_refuse(loaded, group)  # the image row is settled below
+    report.steps.append("checked every rank")
     current = serve.states(group)
     if serve.is_current(current, the_plan) and not restart:
         say("already running as planned: nothing to change (--restart forces a new start)")
@@ -61,7 +61,7 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
         report.steps.append("started every rank")
     say("waiting for the API")
     try:
-        api.wait_ready(api.endpoint(loaded), wait_timeout, say=say)
+        api.wait_ready(api.endpoint(loaded), wait_timeout, say=say, watch=lambda: serve.watch(group))
     except api.NotServing as e:
         problems = [serve.diagnose(group, s) for s in serve.states(group)]
         if report.changed:
@@ -96,9 +96,12 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
                               + "\n".join(r.error or f"rank {r.rank}: failed" for r in failed))
 
 
-def down(group: Group, say=print) -> list[str]:
-    """Stop and remove the serving container on every rank. Returns the ranks that failed."""
+def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAIT_TIMEOUT_S) -> list[str]:
+    """Stop and remove the serving container on every rank, then wait until each rank's
+    MemAvailable is back to what the plan needs. Returns the ranks that failed to stop."""
     failed = serve.stop(group)
     for r in failed:
         say(f"{r.target.name}: {r.why()}")
+    stopped = [c.target.rank for c in group.connections if c.target.name not in {r.target.name for r in failed}]
+    prep.wait_for_memory(group, stopped, plan_mod.memory_need(loaded).total, timeout=wait_timeout, say=say)
     return [r.target.name for r in failed]

@@ -244,6 +244,25 @@ class Connection:
                     f"up, its sshd running, and {t.address}:{t.port} reachable from here?")
         return f"{where}: SSH failed: {type(e).__name__}: {e}"
 
+    def stream(self, command: str, write) -> int | None:
+        """Run `command`, handing its output to `write(bytes)` as it comes (`logs -f`).
+        Ctrl+C closes only our channel: the remote side is left running."""
+        self.open()
+        channel = self.client.get_transport().open_session(timeout=self.timeout)
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        channel.shutdown_write()
+        try:
+            while not (channel.exit_status_ready() and not channel.recv_ready()):
+                while channel.recv_ready():
+                    write(channel.recv(1 << 16))
+                select.select([channel], [], [], 0.5)
+            return channel.recv_exit_status()
+        except KeyboardInterrupt:
+            return None
+        finally:
+            channel.close()
+
     def reverse_forward(self, local_port: int) -> tuple[int, "ByteCounter"]:
         """Listen on the rank's 127.0.0.1 (a port sshd picks) and carry each connection to
         127.0.0.1:`local_port` here; returns the rank's port and a count of the bytes carried."""
@@ -328,9 +347,15 @@ class Connection:
             select.select([channel], [], [], 0.2)
 
 
+FEED_CHUNK = 1 << 16
+
+
 def _feed(channel: paramiko.Channel, data: bytes) -> None:
+    # In chunks: paramiko's sendall re-slices the whole remaining buffer after every packet
+    # (32 KB), which makes a 100 MB stdin cost gigabytes of copying (minutes of CPU).
     try:
-        channel.sendall(data)
+        for start in range(0, len(data), FEED_CHUNK):
+            channel.sendall(data[start:start + FEED_CHUNK])
         channel.shutdown_write()
     except (OSError, paramiko.SSHException):
         pass  # the command ended or the connection dropped: its result says which

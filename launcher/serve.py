@@ -14,7 +14,6 @@ import hashlib
 import json
 import re
 import shlex
-import time
 from dataclasses import asdict, dataclass
 
 from .errors import SparkstackError
@@ -136,9 +135,10 @@ def require_native_multinode(conn: Connection, image: str) -> None:
                           f"(--nnodes/--node-rank/--master-addr) needs {need} or newer; use a newer image")
 
 
-def start(plan: Plan, group: Group, say=print, settle_s: float = 3.0) -> list[RankState]:
-    """Workers first (ranks 1..n-1, headless), then the head (rank 0); then watch them settle.
-    Any failure stops every rank and raises StartFailed with each failed rank's diagnosis."""
+def start(plan: Plan, group: Group, say=print) -> list[RankState]:
+    """Workers first (ranks 1..n-1, headless), then the head (rank 0). Any failure stops every
+    rank and raises StartFailed with each failed rank's diagnosis. A rank that dies later, while
+    the model loads, is caught by `watch` (called while waiting for the API)."""
     by_rank = {c.target.rank: c for c in group.connections}
     leftovers = stop(group)
     if leftovers:
@@ -154,7 +154,7 @@ def start(plan: Plan, group: Group, say=print, settle_s: float = 3.0) -> list[Ra
         failed = [res for res in results if not res.ok]
         if failed:
             _abort(group, [f"{r.target.name}: docker run failed: {r.why()}" for r in failed])
-    return _settle(plan, group, settle_s)
+    return watch(group)
 
 
 def _start_one(plan: Plan, conn: Connection) -> Result:
@@ -162,17 +162,13 @@ def _start_one(plan: Plan, conn: Connection) -> Result:
     return conn.run(command, stdin=env_file, timeout=120)
 
 
-def _settle(plan: Plan, group: Group, settle_s: float) -> list[RankState]:
-    """Watch the containers for `settle_s`: a rank that dies at start dies here."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        current = states(group)
-        dead = [s for s in current if s.state != "running"]
-        if dead:
-            _abort(group, [diagnose(group, s) for s in dead])
-        if time.monotonic() >= deadline:
-            return current
-        time.sleep(0.5)
+def watch(group: Group) -> list[RankState]:
+    """Every rank's container must be running; if one is not, stop all and say why."""
+    current = states(group)
+    dead = [s for s in current if s.state != "running"]
+    if dead:
+        _abort(group, [diagnose(group, s) for s in dead])
+    return current
 
 
 def diagnose(group: Group, state: RankState) -> str:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
-
-import docker
+from typing import TYPE_CHECKING
 
 from .errors import SparkstackError
-from .registry import LocalRegistry
 from .remote import Connection, Group
+
+if TYPE_CHECKING:  # imported where used: docker-py and httpx cost a no-op ship ~0.5 s
+    from .registry import LocalRegistry
 
 PULL_TIMEOUT_S = 3600
 
@@ -48,15 +49,33 @@ class ShipPlan:
         return sorted({ref for r in self.ranks for ref in r.images})
 
 
-def local_image_ids(refs: list[str], client: docker.DockerClient) -> dict[str, str]:
+def local_image_ids(refs: list[str], client=None) -> dict[str, str]:
+    """ref -> image ID on this host. `client`: docker-py's DockerClient, or by default
+    launcher.build's Engine, which asks Docker's socket without importing docker-py."""
+    if client is None:
+        from .build import connect
+
+        client = connect()
+    lookup = client.image_id if hasattr(client, "image_id") else _docker_py_lookup(client)
     ids = {}
     for ref in refs:
-        try:
-            ids[ref] = client.images.get(ref).id
-        except docker.errors.ImageNotFound:
+        ids[ref] = lookup(ref)
+        if not ids[ref]:
             raise SparkstackError(f"image {ref} is not on this host: run `sparkstack build` "
-                                  "first (or `docker pull`/`docker load` it here)") from None
+                                  "first (or `docker pull`/`docker load` it here)")
     return ids
+
+
+def _docker_py_lookup(client):
+    import docker.errors
+
+    def lookup(ref: str) -> str | None:
+        try:
+            return client.images.get(ref).id
+        except docker.errors.ImageNotFound:
+            return None
+
+    return lookup
 
 
 def _inspect_command(refs: list[str]) -> str:
@@ -95,6 +114,8 @@ def apply(plan: ShipPlan, group: Group, say=print) -> ShipPlan:
     """Move what the plan says; every rank independently, results kept per rank."""
     if not plan.needed:
         return plan
+    from .registry import LocalRegistry
+
     by_rank = {c.target.rank: c for c in group.connections}
     with LocalRegistry() as registry:
         for ref in plan.needed:

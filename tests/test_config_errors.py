@@ -11,7 +11,7 @@ from launcher.cli import main
 
 
 def run_plan(path):
-    result = CliRunner().invoke(main, ["plan", "-c", str(path)])
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline"])
     assert "Traceback" not in result.output
     return result
 
@@ -108,7 +108,7 @@ def test_config_from_environment_and_real_console_script(write_config, tmp_path)
     path = write_config(drop("model"))
     script = Path(sys.executable).parent / "sparkstack"  # installed beside the venv's python
     assert script.exists(), "the sparkstack console script is installed with the package"
-    proc = subprocess.run([str(script), "plan"], capture_output=True, text=True,
+    proc = subprocess.run([str(script), "plan", "--offline"], capture_output=True, text=True,
                           env={"SPARKSTACK_CONFIG": str(path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert proc.returncode == 2
     assert "model: required but missing" in proc.stderr

@@ -277,7 +277,7 @@ def test_render_only_writes_contexts(write_config, patches, tmp_path):
 def test_plan_names_the_content_tag(write_config, patches):
     import json
     path = write_config(lambda d: d.update(images={"patches_dir": str(patches)}))
-    data = json.loads(CliRunner().invoke(main, ["plan", "-c", str(path), "--json"]).output)
+    data = json.loads(CliRunner().invoke(main, ["plan", "-c", str(path), "--json", "--offline"]).output)
     top = images.chain_for(config_mod.load(path)).top
     assert top in data["ranks"][0]["docker_run"]
     assert any("is not in the local Docker" in a for a in data["assumed"])
@@ -286,7 +286,7 @@ def test_plan_names_the_content_tag(write_config, patches):
 def test_plan_without_patches_keeps_the_placeholder(write_config, tmp_path):
     import json
     path = write_config(lambda d: d.update(images={"patches_dir": str(tmp_path / "absent")}))
-    data = json.loads(CliRunner().invoke(main, ["plan", "-c", str(path), "--json"]).output)
+    data = json.loads(CliRunner().invoke(main, ["plan", "-c", str(path), "--json", "--offline"]).output)
     assert "sparkstack/keys:unbuilt" in data["ranks"][0]["docker_run"]
 
 

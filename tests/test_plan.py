@@ -18,7 +18,7 @@ UPDATE = os.environ.get("SPARKSTACK_UPDATE_GOLDEN") == "1"
 
 
 def plan_json(path, *extra):
-    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--json", *extra])
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--json", "--offline", *extra])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 
@@ -133,7 +133,7 @@ def test_readable_checkpoint_replaces_the_profile_figures(write_config, checkpoi
 
 def test_plan_that_does_not_fit_is_refused(write_config):
     path = write_config(lambda d: d.update(profile="pollard-180k") or d["overrides"].update(headroom_gib=20))
-    result = CliRunner().invoke(main, ["plan", "-c", str(path)])
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline"])
     assert result.exit_code == 3
     assert "pollard-180k does not fit: --max-model-len 180000 needs" in result.output
     assert "headroom 20.0 GiB" in result.output

@@ -54,6 +54,11 @@ def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
         assert argv[1:] == plan["ranks"][r]["engine"]
         for key, value in plan["ranks"][r]["env"].items():
             assert rec["env"][key] == value
+        # its own fabric pins, from its own sysfs (spark3's fabric IP sits on the second port)
+        truth = sandbox.truth[name]
+        assert rec["env"]["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
+        assert rec["env"]["GLOO_SOCKET_IFNAME"] == truth["netdev"]
+        assert set(truth["hca_twins"]) <= set(rec["env"]["NCCL_IB_HCA"].lstrip("=").split(","))
         # the image chain's patches are what the engine imports (dcp, mul1, keys stages)
         assert set(rec["patches"]) >= {"vllm/v1/attention/backends/mla/sm120_dcp.py",
                                        "vllm/model_executor/layers/quantization/exl3.py",

@@ -1,0 +1,628 @@
+"""`sparkstack check`: one row per rank and check, each pass / warn / fail with the measured
+value and, for every non-pass, the fix in one line.
+
+Two halves, like everything here: `evaluate` is pure (the facts of all ranks, the loaded config,
+the plan's memory need, the peers' ping answers in; the report out) and is what the tests feed
+fixtures to; `run` gathers (the one probe per rank, then right away one command per rank for the
+fabric pings and dockerd's capabilities) and calls it.
+
+Rows a healthy sandbox shows as non-pass, honestly (tests/test_check.py documents them):
+image (until the profile's chain is built and shipped), ulimits (warn: the host's hard limits
+cap the ranks at nofile 20000 / memlock 8 MiB), peers and jumbo (the fabric IPs are fixtures,
+not addresses on a real interface; and the sandbox ranks have no `ping`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from ipaddress import IPv4Address, ip_interface
+
+from . import fabric, node_settings
+from .config import Loaded
+from .errors import SparkstackError
+from .facts import UNLIMITED, Facts
+from .gather import RankFacts
+from .kv import GIB, gib
+from .plan import MemoryNeed
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+ORDER = ("ssh", "docker", "image", "gpu", "memory", "swap", "sysctls", "ulimits", "link",
+         "roce", "mtu", "peers", "jumbo", "checkpoint", "disk", "clock")
+CLOCK_TOLERANCE_S = 1.0
+PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
+SWAP_USED_WARN = 256 << 20
+DISK_FLOOR = 20 * GIB  # room for a new chain stage and the logs, beyond any image
+SEED_NOFILE = node_settings.NOFILE
+CAP_SYS_RESOURCE = 24  # lets dockerd raise a container's limits above its own
+PING_WAIT_S = 1
+_PING_WHY = "error|too long|unreachable|not permitted|unknown|invalid"
+_LINK_FINDINGS = ("fabric ip", "link", "speed")
+_ROCE_FINDINGS = ("rdma", "roce gid", "twin", "gid index", "ring ports")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    status: str
+    value: str
+    fix: str = ""
+
+
+@dataclass
+class RankReport:
+    rank: int
+    host: str
+    checks: list[Row] = field(default_factory=list)
+
+    def add(self, name: str, status: str, value: str, fix: str = "") -> None:
+        self.checks.append(Row(name, status, value, fix if status != PASS else ""))
+
+
+@dataclass
+class Report:
+    ranks: list[RankReport]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == FAIL for r in self.ranks for c in r.checks)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "ranks": [{"rank": r.rank, "host": r.host,
+                                          "checks": [asdict(c) for c in r.checks]} for r in self.ranks]}
+
+
+# --- the fabric pings --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PingTarget:
+    peer: int
+    ip: str
+    kind: str  # "link": the other end of one of this rank's cables; "fabric": a peer's fabric IP
+    df_size: int | None = None  # payload of the don't-fragment ping (MTU - 28), None: none
+
+
+@dataclass(frozen=True)
+class PingAnswer:
+    ok: bool
+    detail: str  # ping's last line, e.g. "1 packets transmitted, 0 received, 100% packet loss"
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What the second command per rank measured: ping answers and dockerd's capabilities."""
+
+    pings: dict[tuple[str, bool], PingAnswer]  # (ip, df) -> answer
+    ping_missing: bool = False
+    dockerd_can_raise: bool | None = None  # CAP_SYS_RESOURCE; None: not known
+    error: str | None = None
+
+
+def rank_ping_targets(loaded: Loaded, r: int, f: Facts) -> list[PingTarget]:
+    """Whom rank `r` pings, from its own facts alone (so its pings start as soon as its probe is
+    back): every other rank's configured fabric IPs, and the far end of each point-to-point link
+    (/30, /31) of its fabric ports -- in a ring a neighbour's configured IP may sit on its other
+    port. The DF ping goes at the rank's fabric MTU when that is 9000. A far end's rank is -1
+    until `resolve_peers` finds whose address it is."""
+    cluster = loaded.cluster
+    rf = fabric.assess(f, cluster.ranks[r].fabric_ips, cluster.topology, rank=f"rank {r}")
+    mtu = _fabric_mtu(f, rf)
+    df = mtu - 28 if mtu == fabric.JUMBO_MTU else None
+    configured = {str(ip): p for p, rank in enumerate(cluster.ranks) if p != r for ip in rank.fabric_ips}
+    found: dict[str, PingTarget] = {}
+    for mine in (a for port in rf.ports for a in _ipv4(f, port.netdev)):
+        if mine.network.prefixlen in (30, 31):
+            hosts = mine.network.hosts() if mine.network.prefixlen == 30 else mine.network
+            for host in hosts:
+                if host != mine.ip:
+                    found[str(host)] = PingTarget(configured.get(str(host), -1), str(host), "link", df)
+    for ip, p in configured.items():
+        found.setdefault(ip, PingTarget(p, ip, "fabric", df))
+    return sorted(found.values(), key=lambda t: IPv4Address(t.ip))
+
+
+def resolve_peers(targets: list[PingTarget], facts: dict[int, Facts]) -> list[PingTarget]:
+    """The same targets, in the same order, with each far end's rank filled in from the facts."""
+    owner = {str(ip_interface(a).ip): p for p, f in facts.items() for i in f.interfaces for a in i.ipv4}
+    return [t if t.peer >= 0 else dataclasses.replace(t, peer=owner.get(t.ip, -1)) for t in targets]
+
+
+def ping_targets(loaded: Loaded, facts: dict[int, Facts]) -> dict[int, list[PingTarget]]:
+    return {r: resolve_peers(rank_ping_targets(loaded, r, f), facts) for r, f in facts.items()}
+
+
+def _ipv4(f: Facts, netdev: str) -> list:
+    iface = f.interface(netdev)
+    return [ip_interface(a) for a in iface.ipv4] if iface else []
+
+
+def _fabric_mtu(f: Facts, rf: fabric.RankFabric) -> int | None:
+    port = rf.primary
+    iface = f.interface(port.netdev) if port else None
+    return iface.mtu if iface else None
+
+
+def extras_command(targets: list[PingTarget]) -> str:
+    """One shell command: every ping in parallel (each at most PING_WAIT_S), then dockerd's CapEff.
+    Prints `<i> <rc> <last line>` per ping, `NOPING` without ping, `CAPEFF <hex>`."""
+    jobs = []
+    for i, t in enumerate(targets):
+        for df, args in ((False, ""), (True, f"-M do -s {t.df_size} ")):
+            if df and t.df_size is None:
+                continue
+            key = 2 * i + int(df)
+            # the telling line (local error: message too long, mtu=1400; Destination Host
+            # Unreachable) when there is one, else ping's summary
+            jobs.append(f"( o=$(ping -n -c1 -W{PING_WAIT_S} {args}{shlex.quote(t.ip)} 2>&1); rc=$?; "
+                        f"w=$(printf %s \"$o\" | grep -m1 -iE '{_PING_WHY}' || printf %s \"$o\" | tail -n1); "
+                        f"echo \"{key} $rc $w\" ) &")
+    pings = ("if command -v ping >/dev/null 2>&1; then " + " ".join(jobs) + " wait; "
+             "else echo NOPING; fi; ") if jobs else ""
+    caps = ("pid=$(pgrep -xo dockerd 2>/dev/null) && "
+            "sed -n 's/^CapEff:[[:space:]]*/CAPEFF /p' /proc/$pid/status; true")
+    return pings + caps
+
+
+def parse_extras(stdout: str, targets: list[PingTarget]) -> Extras:
+    pings: dict[tuple[str, bool], PingAnswer] = {}
+    can_raise = None
+    missing = False
+    for line in stdout.splitlines():
+        if line.strip() == "NOPING":
+            missing = True
+        elif line.startswith("CAPEFF "):
+            try:
+                can_raise = bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+            except (IndexError, ValueError):
+                pass
+        elif m := re.match(r"^(\d+) (\d+) ?(.*)$", line):
+            key = int(m[1])
+            if key // 2 < len(targets):
+                pings[(targets[key // 2].ip, bool(key % 2))] = PingAnswer(m[2] == "0", m[3].strip())
+    return Extras(pings, missing, can_raise)
+
+
+# --- the pure judgement ------------------------------------------------------------------------
+
+@dataclass
+class Inputs:
+    """Everything `evaluate` judges, gathered beforehand."""
+
+    loaded: Loaded
+    gathered: dict[int, RankFacts]
+    need: MemoryNeed | None
+    need_error: str | None = None  # why the memory need could not be computed
+    image: str | None = None  # the profile's serving image ref
+    image_error: str | None = None  # why its tag is not known (chain not buildable here)
+    local_image_id: str | None = None  # its ID on the build host, when Docker there has it
+    targets: dict[int, list[PingTarget]] = field(default_factory=dict)
+    extras: dict[int, Extras] = field(default_factory=dict)
+
+    _fabrics: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def facts(self) -> dict[int, Facts]:
+        return {r: g.facts for r, g in self.gathered.items() if g.facts is not None}
+
+    def fabric(self, r: int) -> fabric.RankFabric:
+        """The rank's fabric assessment, once (several rows and the MTU comparison use it)."""
+        if r not in self._fabrics:
+            cluster = self.loaded.cluster
+            self._fabrics[r] = fabric.assess(self.facts[r], cluster.ranks[r].fabric_ips, cluster.topology,
+                                             rank=f"rank {r} ({cluster.ranks[r].label})")
+        return self._fabrics[r]
+
+
+def evaluate(inp: Inputs) -> Report:
+    """The whole table. An unreachable rank gets one failed `ssh` row; the cross-rank checks
+    (image IDs, MTU, checkpoint fingerprint, clocks) compare the ranks that answered."""
+    cluster = inp.loaded.cluster
+    report = Report([])
+    for r, rank in enumerate(cluster.ranks):
+        g = inp.gathered.get(r)
+        rr = RankReport(r, rank.label)
+        report.ranks.append(rr)
+        if g is None or g.facts is None:
+            rr.add("ssh", FAIL, (g.error if g else "not probed") or "no answer",
+                   f"check the rank is up and `ssh -p {rank.port} {rank.user}@{rank.address}` works")
+            continue
+        f = g.facts
+        rr.add("ssh", PASS, f"{rank.user}@{rank.address}:{rank.port}, probe {g.seconds:.2f} s")
+        for name in ORDER[1:]:
+            CHECKS[name](inp, r, f, rr)
+    return report
+
+
+def _check_docker(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    d = f.docker
+    if d is None:
+        rr.add("docker", FAIL, "docker CLI not installed", "install Docker (DGX OS ships it): apt install docker.io")
+    elif d.server_version is None:
+        why = next((p for p in f.problems if p.startswith("docker")), "the daemon does not answer")
+        rr.add("docker", FAIL, why, "sudo systemctl start docker; and the SSH user must be in the docker group")
+    else:
+        rr.add("docker", PASS, f"server {d.server_version}, {len(d.images)} images")
+
+
+def _check_image(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    if inp.image is None:
+        rr.add("image", FAIL, f"the profile's image is not known: {inp.image_error}", "sparkstack build")
+        return
+    if f.docker is None or f.docker.server_version is None:
+        rr.add("image", FAIL, f"{inp.image}: cannot ask (no Docker)", "fix the docker row first")
+        return
+    found = f.docker.image(inp.image)
+    if found is None:
+        rr.add("image", FAIL, f"{inp.image} missing on rank {r} ({rr.host})", "sparkstack ship")
+        return
+    want, whose = _reference_id(inp)
+    if want and found.id != want:
+        rr.add("image", FAIL, f"{inp.image} is {_short(found.id)} here, {_short(want)} on {whose}",
+               "sparkstack ship (a rank is re-tagged only once its image ID matches)")
+        return
+    rr.add("image", PASS, f"{inp.image} {_short(found.id)}")
+
+
+def _reference_id(inp: Inputs) -> tuple[str | None, str]:
+    if inp.local_image_id:
+        return inp.local_image_id, "the build host"
+    ids = Counter(img.id for f in inp.facts.values() if f.docker
+                  for img in [f.docker.image(inp.image)] if img)
+    return (ids.most_common(1)[0][0], "most ranks") if ids else (None, "")
+
+
+def _short(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def _check_gpu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    if not inp.loaded.cluster.container.gpus:
+        shown = f"; nvidia-smi shows {f.gpu.name}" if f.gpu else ""
+        rr.add("gpu", PASS, f"not required by config (container.gpus: null){shown}")
+    elif f.gpu is None:
+        why = next((p for p in f.problems if p.startswith("nvidia-smi")), "nvidia-smi lists no GPU")
+        rr.add("gpu", FAIL, why, "install the NVIDIA driver and container toolkit (DGX OS ships "
+               "them); `nvidia-smi` must list the GB10")
+    else:
+        rr.add("gpu", PASS, f"{f.gpu.name}, driver {f.gpu.driver}")
+
+
+def _check_memory(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    if f.memory is None:
+        rr.add("memory", FAIL, "/proc/meminfo unreadable", "check the rank's /proc")
+        return
+    if inp.need is None:
+        rr.add("memory", FAIL, f"MemAvailable {gib(f.memory.available)}; the plan's need is "
+               f"unknown: {inp.need_error}", "fix the config or profile (see `sparkstack plan`)")
+        return
+    avail, need = f.memory.available, inp.need
+    shown = f"MemAvailable {gib(avail)}, needs {gib(need.total)} = {need.explain()}"
+    largest = max(x.memory.available for x in inp.facts.values() if x.memory)
+    if avail < need.total:
+        rr.add("memory", FAIL, shown.replace(", needs", " < needs"),
+               "sparkstack prep (drops page caches); stop what else holds memory "
+               "(`docker ps`, `ps aux --sort=-rss | head`); or lower --max-model-len / headroom_gib")
+    elif f.memory.cached > PAGE_CACHE_WARN:
+        rr.add("memory", WARN, f"{shown}; {gib(f.memory.cached)} is page cache, which vLLM "
+               "counts as used", "sparkstack prep (drops page caches)")
+    elif largest - avail > need.headroom:
+        rr.add("memory", WARN, f"{shown}; {gib(largest - avail)} less than the fullest rank: "
+               "every rank's KV cache is sized to this one", "free memory on this rank "
+               "(`ps aux --sort=-rss | head`), then sparkstack prep")
+    else:
+        rr.add("memory", PASS, f"{shown}; margin {gib(avail - need.total)}")
+
+
+def _check_swap(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    m = f.memory
+    if m is None or m.swap_total == 0:
+        rr.add("swap", PASS, "none")
+        return
+    used = m.swap_total - m.swap_free
+    if used > SWAP_USED_WARN:
+        rr.add("swap", WARN, f"{gib(used)} of {gib(m.swap_total)} swapped out: memory was squeezed",
+               "find what pushed it out (`ps aux --sort=-rss`); `sudo swapoff -a && sudo swapon -a` empties it")
+    else:
+        rr.add("swap", PASS, f"{gib(m.swap_total)}, {gib(used)} used")
+
+
+def _check_sysctls(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    want = node_settings.sysctls(inp.loaded.cluster)
+    wrong = [f"{k}={f.sysctls.get(k) or 'absent'} (want {v})" for k, v in want.items()
+             if f.sysctls.get(k) != str(v)]
+    if wrong:
+        rr.add("sysctls", WARN, ", ".join(wrong), "sparkstack prep (and the Ansible role for after reboots)")
+    else:
+        rr.add("sysctls", PASS, ", ".join(f"{k}={v}" for k, v in want.items()))
+
+
+def _limit(n: int, item: str) -> str:
+    if n == UNLIMITED:
+        return "unlimited"
+    if item == "memlock" and n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    return str(n)
+
+
+def _above(a: int, b: int) -> bool:
+    """a > b, -1 being unlimited."""
+    return a != b and (a == UNLIMITED or (b != UNLIMITED and a > b))
+
+
+def _check_ulimits(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """What a container can get is what the config asks of `docker run --ulimit`, capped by
+    dockerd: with CAP_SYS_RESOURCE (a root dockerd on a real Spark) up to the kernel's ceilings,
+    without it (the sandbox) its own hard limits."""
+    c = inp.loaded.cluster.container
+    extra = inp.extras.get(r)
+    can_raise = extra.dockerd_can_raise if extra else None
+    daemon = f.docker_ulimits.daemon
+    if can_raise is None and daemon is None:
+        rr.add("ulimits", WARN, "dockerd's limits not readable", "is dockerd running? (`pgrep -a dockerd`)")
+        return
+    parts, status, fix = [], PASS, ""
+    for item, asked, seed in (("nofile", c.nofile, SEED_NOFILE), ("memlock", c.memlock, UNLIMITED)):
+        ceiling, how = _grantable(item, f, daemon, can_raise)
+        parts.append(f"{item} asks {_limit(asked, item)}, grantable {_limit(ceiling, item)} ({how})")
+        if _above(asked, ceiling):
+            status, fix = FAIL, (f"raise dockerd's {item} limit (LimitNOFILE=/LimitMEMLOCK=infinity in "
+                                 f"docker.service) or lower container.{item} in cluster.yaml")
+        elif status == PASS and (_above(seed, ceiling) or _above(seed, asked)):
+            status, fix = WARN, (f"the seeds use nofile {SEED_NOFILE} / memlock unlimited (NCCL at 4 "
+                                 "ranks, RDMA): set container.nofile/memlock and dockerd's limits so")
+    rr.add("ulimits", status, "; ".join(parts), fix)
+
+
+def _grantable(item: str, f: Facts, daemon, can_raise: bool | None) -> tuple[int, str]:
+    """The most `docker run --ulimit <item>=` can get on this rank, and why."""
+    own = getattr(daemon, item, None) if daemon else None
+    if can_raise or own is None:
+        if item == "nofile":
+            return _int(f.sysctls.get("fs.nr_open")) or SEED_NOFILE, "kernel fs.nr_open"
+        return UNLIMITED, "kernel"
+    return own.hard, "dockerd hard limit"
+
+
+def _int(text) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _from_findings(rr: RankReport, name: str, findings, names: tuple[str, ...]) -> None:
+    mine = [x for x in findings if x.name in names]
+    if not mine:
+        rr.add(name, FAIL, "not assessed (no fabric port found)", "see the link row")
+        return
+    worst = next((x for s in (FAIL, WARN) for x in mine if x.status == s), None)
+    shown = "; ".join(x.value for x in mine if x.status != PASS) if worst else \
+        "; ".join(x.value for x in mine)
+    rr.add(name, worst.status if worst else PASS, shown, worst.fix if worst else "")
+
+
+def _check_link(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    _from_findings(rr, "link", inp.fabric(r).findings, _LINK_FINDINGS)
+
+
+def _check_roce(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    _from_findings(rr, "roce", inp.fabric(r).findings, _ROCE_FINDINGS)
+
+
+def _check_mtu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    mtus = {p: _fabric_mtu(x, inp.fabric(p)) for p, x in inp.facts.items()}
+    mine = mtus[r]
+    if mine is None:
+        rr.add("mtu", FAIL, "no fabric port to read", "see the link row")
+        return
+    common = Counter(m for m in mtus.values() if m is not None).most_common(1)[0][0]
+    if len({m for m in mtus.values() if m is not None}) > 1 and mine != common:
+        rr.add("mtu", FAIL, f"MTU {mine}, other ranks {common}",
+               f"set the same mtu ({fabric.JUMBO_MTU}) on every rank's fabric ports (netplan)")
+    elif mine != fabric.JUMBO_MTU:
+        rr.add("mtu", WARN, f"MTU {mine} (same on all), expected {fabric.JUMBO_MTU}",
+               f"set mtu: {fabric.JUMBO_MTU} on every rank's fabric ports (netplan)")
+    else:
+        rr.add("mtu", PASS, f"MTU {mine}, same on all ranks")
+
+
+def _check_peers(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    _pings(inp, r, rr, df=False)
+
+
+def _check_jumbo(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    _pings(inp, r, rr, df=True)
+
+
+def _pings(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
+    name = "jumbo" if df else "peers"
+    targets = [t for t in inp.targets.get(r, []) if not df or t.df_size]
+    extra = inp.extras.get(r)
+    if not targets:
+        why = f"the fabric MTU is not {fabric.JUMBO_MTU}" if df and inp.targets.get(r) else "no peer fabric IPs"
+        rr.add(name, WARN if not df else PASS, f"not measured: {why}",
+               "list every rank's fabric_ips in cluster.yaml")
+        return
+    if extra is None or extra.error:
+        rr.add(name, FAIL, f"not measured: {extra.error if extra else 'no answer'}", "re-run check")
+        return
+    if extra.ping_missing:
+        rr.add(name, WARN, "not measured: no `ping` on the rank", "apt install iputils-ping")
+        return
+    ring = inp.loaded.cluster.topology == "ring"
+    bad_links, bad_far, good = [], [], []
+    for t in targets:
+        answer = extra.pings.get((t.ip, df), PingAnswer(False, "no result"))
+        label = f"rank {t.peer if t.peer >= 0 else '?'} {t.ip}" + (f" ({t.df_size + 28} B DF)" if df else "")
+        if answer.ok:
+            good.append(label)
+        elif t.kind == "link" or not ring:
+            bad_links.append(f"{label}: {answer.detail or 'no reply'}")
+        else:
+            bad_far.append(f"{label}: {answer.detail or 'no reply'}")
+    ok = f"{len(good)}/{len(targets)} answer"
+    if bad_links:
+        fix = ("a path in between fragments or drops jumbo frames: same MTU on both ends and the "
+               "switch" if df else "check the cable/switch port and the peer's address (`ip addr`)")
+        rr.add(name, FAIL, f"{ok}; unreachable: " + "; ".join(bad_links + bad_far), fix)
+    elif bad_far:
+        rr.add(name, WARN, f"{ok}; beyond the ring neighbours, unreachable: " + "; ".join(bad_far),
+               "only needed if something talks across the ring: routes via the neighbour with "
+               "net.ipv4.ip_forward=1")
+    else:
+        rr.add(name, PASS, f"{ok}: " + ", ".join(good))
+
+
+def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    path = inp.loaded.cluster.model.path
+    c = f.checkpoint
+    if c is None or not c.shards:
+        why = next((p for p in f.problems if p.startswith("checkpoint")), f"no *.safetensors in {path}")
+        rr.add("checkpoint", FAIL, why, f"mount the checkpoint at {path} on every rank (sparkstack prep)")
+        return
+    prints = Counter(x.checkpoint.fingerprint for x in inp.facts.values() if x.checkpoint and x.checkpoint.shards)
+    common = prints.most_common(1)[0][0]
+    mount = f" on {f.model_mount.source} ({f.model_mount.fstype})" if f.model_mount else ""
+    shown = f"{path}{mount}: {len(c.shards)} shards, {gib(c.total_bytes)}, fingerprint {c.fingerprint[:12]}"
+    if len(prints) > 1 and c.fingerprint != common:
+        rr.add("checkpoint", FAIL, f"{shown}, other ranks {common[:12]}",
+               "every rank must see the same files: mount the one NFS export (a partial copy differs)")
+    else:
+        rr.add("checkpoint", PASS, shown + (", same on all ranks" if len(prints) == 1 else ""))
+
+
+def _check_disk(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    d = f.docker
+    if d is None or d.storage_avail is None:
+        rr.add("disk", WARN, "Docker's storage not readable", "fix the docker row first")
+        return
+    sizes = [img.size for x in inp.facts.values() if x.docker and inp.image
+             for img in [x.docker.image(inp.image)] if img and img.size]
+    missing = inp.image and d.image(inp.image) is None
+    need = (max(sizes) if sizes and missing else 0)
+    shown = f"{d.root_dir}: {gib(d.storage_avail)} free" + (f", image needs up to {gib(need)}" if need else "")
+    if d.storage_avail < need:
+        rr.add("disk", FAIL, shown, f"free space under {d.root_dir} (`docker image prune`)")
+    elif d.storage_avail < need + DISK_FLOOR:
+        rr.add("disk", WARN, shown, f"keep {gib(DISK_FLOOR)} free beyond the images (`docker image prune`)")
+    else:
+        rr.add("disk", PASS, shown)
+
+
+def _check_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    offsets = {p: x.clock.offset for p, x in inp.facts.items() if x.clock.offset is not None}
+    if r not in offsets:
+        rr.add("clock", WARN, "not measured", "re-run check")
+        return
+    median = statistics.median(offsets.values())
+    delta, unc = offsets[r] - median, f.clock.uncertainty or 0.0
+    shown = f"{delta:+.2f} s from the ranks' median (±{unc:.2f}; {offsets[r]:+.2f} s from this host)"
+    if abs(delta) - unc > CLOCK_TOLERANCE_S:
+        rr.add("clock", FAIL, shown, "enable NTP on every rank: sudo timedatectl set-ntp true")
+    else:
+        rr.add("clock", PASS, shown)
+
+
+CHECKS = {name: globals()[f"_check_{name}"] for name in ORDER[1:]}
+
+
+# --- gathering and running ---------------------------------------------------------------------
+
+def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
+    """Per rank, in parallel: the probe, then at once one more command that pings the peers'
+    fabric IPs and reads dockerd's capabilities. The local part (the plan's memory need, the
+    image's tag and local ID) runs meanwhile. Never raises for a rank's failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import gather
+
+    def rank(conn) -> tuple[gather.RankFacts, list[PingTarget], Extras | None]:
+        """Probe, then at once this rank's pings: no waiting for the slowest rank's probe."""
+        found = gather.probe_rank(conn, loaded)
+        if found.facts is None:
+            return found, [], None
+        targets = rank_ping_targets(loaded, conn.target.rank, found.facts)
+        result = conn.run(extras_command(targets), timeout=PING_WAIT_S + 10)
+        extra = parse_extras(result.stdout, targets) if result.ok else Extras({}, error=result.why())
+        return found, targets, extra
+
+    with ThreadPoolExecutor(max_workers=1) as local:
+        here = local.submit(_local_inputs, loaded, image)
+        with ThreadPoolExecutor(max_workers=max(1, len(group.connections))) as pool:
+            answers = list(pool.map(rank, group.connections))
+        inp = here.result()
+    inp.gathered = {g.rank: g for g, _, _ in answers}
+    facts = inp.facts
+    inp.targets = {g.rank: resolve_peers(t, facts) for g, t, _ in answers if g.facts is not None}
+    inp.extras = {g.rank: e for g, _, e in answers if e is not None}
+    return inp
+
+
+def _local_inputs(loaded: Loaded, image: str | None) -> Inputs:
+    """What this host knows: the memory the plan needs and the serving image's tag and ID."""
+    from . import build as image_build
+    from . import plan
+
+    inp = Inputs(loaded, {}, None)
+    try:
+        inp.need = plan.memory_need(loaded)
+    except SparkstackError as e:
+        inp.need_error = e.message
+    if image is None:
+        image, notes = plan.serving_image(loaded)
+        if image.endswith(":unbuilt"):
+            image, inp.image_error = None, "; ".join(notes)
+    inp.image = image
+    inp.local_image_id = image_build.local_base_id(image) if image else None
+    return inp
+
+
+def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None) -> Report:
+    """The whole `check`: connect (one attempt each, the config's connect timeout), collect,
+    evaluate."""
+    import time
+
+    from . import gather
+
+    started = time.monotonic()
+    with gather.open_group(loaded, trust_new=trust_new, say=say) as group:
+        inp = collect(loaded, group, image)
+    report = evaluate(inp)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+class CheckFailed(SparkstackError):
+    """The preflight found failures; the message lists each with its rank and fix."""
+
+
+def plan_or_refuse(loaded: Loaded, group, image: str | None = None,
+                   tolerate: tuple[str, ...] = ("image",)) -> "plan_mod.Plan":
+    """What `up` calls before starting anything: check every rank over the open Group; a failed
+    row raises CheckFailed (nothing is started); else the plan made from these facts. Rows in
+    `tolerate` do not stop it: by default the image, which `up` builds and ships after this."""
+    from . import plan as plan_mod
+
+    inp = collect(loaded, group, image)
+    report = evaluate(inp)
+    failed = [(r, c) for r in report.ranks for c in r.checks if c.status == FAIL and c.name not in tolerate]
+    if failed:
+        raise CheckFailed("check failed; nothing was started:\n" + "\n".join(
+            f"rank {r.rank} ({r.host}) {c.name}: {c.value} -- fix: {c.fix}" for r, c in failed))
+    return plan_mod.build(loaded, facts=inp.facts)
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+def table_rows(report: Report) -> list[tuple[str, str, str, str, str]]:
+    """(rank, check, status, value, fix) lines for the terminal table."""
+    rows = []
+    for r in report.ranks:
+        for c in r.checks:
+            rows.append((f"{r.rank} {r.host}", c.name, c.status, c.value, c.fix))
+    return rows

@@ -1,0 +1,355 @@
+"""`sparkstack check`: the pure judgement on fixture facts, then the real thing on the sandbox.
+
+Rows a HEALTHY sandbox honestly does not pass (asserted in test_healthy_sandbox):
+- image: fails until the profile's chain is built and shipped (`sparkstack build && ship`);
+  the sandbox test therefore checks a ref every rank has (the stand-in base image);
+- ulimits: warn -- the host's hard limits (nofile 20000, memlock 8 MiB) cap the ranks' dockerd,
+  which has no CAP_SYS_RESOURCE, below the seeds' 1048576 / unlimited;
+- peers, jumbo: the ranks have no `ping` (warn "not measured"); where ping exists, the fabric IPs
+  are fixtures, not addresses of a real interface, so the pings fail (and say so); with the
+  fabric IPs added as real addresses on the docker bridge, peers pass and jumbo fails honestly
+  ("message too long, mtu=1400": the bridge is not a 9000-MTU fabric).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher import check, config, facts, gather, plan
+from launcher.cli import main
+from launcher.facts import Checkpoint, Clock, Docker, DockerUlimits, Image, Limit, Memory, Ulimits
+
+GIB = 1 << 30
+IMAGE = "sparkstack/keys:0123456789abcdef"
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+# --- fixture facts: the sandbox's sysfs through the real probe, the rest set here ---------------
+
+@pytest.fixture(scope="module")
+def sandbox_config(tmp_path_factory):
+    """The sandbox's cluster.yaml as `sandbox up` writes it (no sandbox needed)."""
+    from launcher.sandbox import cluster, fabric as sfabric
+
+    d = tmp_path_factory.mktemp("cfg")
+    ranks = [{"name": f"spark{i + 1}", "address": f"172.31.240.{11 + i}", "user": "spark",
+              "fabric_ips": [sfabric.fabric_truth(i)["fabric_ip"]], "sysfs_root": "/sandbox/sysfs"}
+             for i in range(4)]
+    doc = {"profile": "sandbox", "topology": "ring", "ranks": ranks,
+           "model": {"path": cluster.MODEL_PATH},
+           "container": {"gpus": None, "devices": []}}  # the seeds' nofile and memlock
+    path = d / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return config.load(path)
+
+
+@pytest.fixture(scope="module")
+def fabric_facts(tmp_path_factory):
+    """Each sandbox rank's Facts from its fixture sysfs, probed locally."""
+    from launcher.sandbox import fabric as sfabric
+
+    out = {}
+    for r in range(4):
+        root = tmp_path_factory.mktemp(f"spark{r + 1}")
+        sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
+        (root / "ip-addr.json").write_text(json.dumps(sfabric.ip_addr_json(r)))
+        command, stdin = facts.invocation(facts.probe_args(str(root / "sysfs")))
+        raw = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
+                             input=stdin, capture_output=True, check=True, timeout=60).stdout
+        out[r] = facts.parse_facts(json.loads(raw))
+    return out
+
+
+def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:
+    base = dict(
+        memory=Memory(127_600_000 * 1024, 118 * GIB - r * GIB // 10, 117 * GIB, 2 * GIB, 0, 0, 0),
+        sysctls={"vm.swappiness": "1", "vm.compaction_proactiveness": "0", "fs.nr_open": "1048576"},
+        docker_ulimits=DockerUlimits({}, Ulimits(Limit(20000, 20000), Limit(8 << 20, 8 << 20))),
+        docker=Docker("20.10", "20.10", "/var/lib/docker", 80 * GIB, 250 * GIB,
+                      (Image(IMAGE_ID, (IMAGE,), {}, 20 * GIB),)),
+        checkpoint=Checkpoint("/models/glm53-sandbox", "c" * 64, "i" * 64, (("a.safetensors", 10),),
+                              "f" * 64, 10),
+        gpu=None, clock=Clock(1000.0, 1000.1, 1000.0, 1000.1), problems=("nvidia-smi: not installed",))
+    base.update(changes)
+    return dataclasses.replace(f, **base)
+
+
+def inputs(loaded, fabric_facts, overrides=None, **kw) -> check.Inputs:
+    per_rank = {r: healthy(f, r, **(overrides or {}).get(r, {})) for r, f in fabric_facts.items()}
+    gathered = {r: gather.RankFacts(r, f"spark{r + 1}", f, None, 0.3) for r, f in per_rank.items()}
+    inp = check.Inputs(loaded, gathered, plan.memory_need(loaded), image=IMAGE, **kw)
+    inp.targets = check.ping_targets(loaded, inp.facts)
+    inp.extras = {r: check.Extras({(t.ip, df): check.PingAnswer(True, "1 received")
+                                   for t in ts for df in (False, True)}, dockerd_can_raise=True)
+                  for r, ts in inp.targets.items()}
+    return inp
+
+
+def with_container(loaded, **kw):
+    """A copy of the loaded config with container settings changed (the models are frozen)."""
+    container = loaded.cluster.container.model_copy(update=kw)
+    return loaded.model_copy(update={"cluster": loaded.cluster.model_copy(update={"container": container})})
+
+
+def row(report: check.Report, rank: int, name: str) -> check.Row:
+    return next(c for c in report.ranks[rank].checks if c.name == name)
+
+
+def statuses(report: check.Report) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for r in report.ranks:
+        for c in r.checks:
+            out.setdefault(c.name, set()).add(c.status)
+    return out
+
+
+# --- pure ---------------------------------------------------------------------------------------
+
+def test_healthy_facts_pass_every_row(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts))
+    assert [c.name for c in report.ranks[0].checks] == list(check.ORDER)
+    assert report.ok and all(s == {"pass"} for s in statuses(report).values()), \
+        [c for r in report.ranks for c in r.checks if c.status != "pass"]
+    assert row(report, 0, "gpu").value.startswith("not required by config")
+    assert all(c.fix == "" for r in report.ranks for c in r.checks)
+
+
+def test_gpu_required_but_missing_fails_with_the_fix(sandbox_config, fabric_facts):
+    loaded = with_container(sandbox_config, gpus="all")
+    report = check.evaluate(inputs(loaded, fabric_facts))
+    gpu = row(report, 2, "gpu")
+    assert gpu.status == "fail" and "nvidia-smi: not installed" in gpu.value and "driver" in gpu.fix
+    assert not report.ok
+
+
+def test_low_memory_fails_naming_the_numbers(sandbox_config, fabric_facts):
+    low = Memory(127_600_000 * 1024, 10 * GIB, 9 * GIB, 0, 0, 0, 0)
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"memory": low}}))
+    mem = row(report, 1, "memory")
+    assert mem.status == "fail" and "MemAvailable 10.0 GiB < needs" in mem.value
+    assert "runtime 14.0 GiB" in mem.value and "headroom 8.0 GiB" in mem.value
+    assert "sparkstack prep" in mem.fix
+    assert row(report, 0, "memory").status == "pass"
+
+
+def test_page_cache_and_a_lagging_rank_warn(sandbox_config, fabric_facts):
+    cached = Memory(127_600_000 * 1024, 110 * GIB, 50 * GIB, 60 * GIB, 0, 0, 0)
+    lagging = Memory(127_600_000 * 1024, 90 * GIB, 90 * GIB, 0, 0, 0, 0)
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {0: {"memory": cached}, 3: {"memory": lagging}}))
+    assert row(report, 0, "memory").status == "warn" and "page cache" in row(report, 0, "memory").value
+    assert row(report, 3, "memory").status == "warn" and "KV cache is sized to this one" in row(report, 3, "memory").value
+    assert report.ok
+
+
+def test_image_missing_or_different_fails_naming_the_rank(sandbox_config, fabric_facts):
+    other = Docker("20.10", "20.10", "/var/lib/docker", 80 * GIB, 250 * GIB,
+                   (Image("sha256:" + "cd" * 32, (IMAGE,), {}, 1),))
+    empty = dataclasses.replace(other, images=())
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"docker": other}, 2: {"docker": empty}}))
+    assert row(report, 1, "image").status == "fail" and "cdcdcdcdcdcd here, abababababab on most ranks" in row(report, 1, "image").value
+    assert row(report, 2, "image").value == f"{IMAGE} missing on rank 2 (spark3)"
+    assert row(report, 2, "image").fix == "sparkstack ship"
+    assert row(report, 0, "image").status == "pass"
+
+
+def test_ulimits_warn_below_the_seeds_and_fail_above_what_dockerd_grants(sandbox_config, fabric_facts):
+    loaded = with_container(sandbox_config, nofile=20000, memlock=8 << 20)  # the sandbox's
+    inp = inputs(loaded, fabric_facts)
+    inp.extras = {r: dataclasses.replace(e, dockerd_can_raise=False) for r, e in inp.extras.items()}
+    u = row(check.evaluate(inp), 0, "ulimits")
+    assert u.status == "warn" and u.value == ("nofile asks 20000, grantable 20000 (dockerd hard limit); "
+                                              "memlock asks 8 MiB, grantable 8 MiB (dockerd hard limit)")
+    inp.loaded = with_container(loaded, nofile=1048576)
+    u = row(check.evaluate(inp), 0, "ulimits")
+    assert u.status == "fail" and "LimitNOFILE" in u.fix
+    # a root dockerd with CAP_SYS_RESOURCE (a real Spark) grants up to the kernel's ceiling
+    inp = inputs(sandbox_config, fabric_facts)
+    assert row(check.evaluate(inp), 0, "ulimits").status == "pass"
+
+
+def test_fabric_rows_mtu_mismatch_and_unreachable_peers(sandbox_config, fabric_facts):
+    f1 = fabric_facts[1]
+    small = tuple(dataclasses.replace(i, mtu=1500) if i.name.startswith("en") and "np" in i.name else i
+                  for i in f1.interfaces)
+    inp = inputs(sandbox_config, fabric_facts, {1: {"interfaces": small}})
+    link = inp.targets[0][0]
+    assert link.kind == "link" and link.df_size == 8972
+    inp.extras[0] = check.Extras({(link.ip, False): check.PingAnswer(False, "100% packet loss")})
+    report = check.evaluate(inp)
+    assert row(report, 1, "mtu").status == "fail" and "MTU 1500, other ranks 9000" in row(report, 1, "mtu").value
+    peers = row(report, 0, "peers")
+    assert peers.status == "fail" and f"rank {link.peer} {link.ip}: 100% packet loss" in peers.value
+    # rank 1's MTU is 1500: no jumbo ping from there
+    assert row(report, 1, "jumbo").value.startswith("not measured: the fabric MTU is not 9000")
+
+
+def test_ring_ping_targets_include_each_cable_far_end(sandbox_config, fabric_facts):
+    """spark1 (192.168.177.1 on port 0, .14 on port 1): its cables end at spark2's .2 and
+    spark4's .13; the other ranks' configured fabric IPs are pinged too (routed, warn-only)."""
+    targets = check.ping_targets(sandbox_config, {r: healthy(f, r) for r, f in fabric_facts.items()})
+    mine = {(t.peer, t.ip, t.kind) for t in targets[0]}
+    assert (1, "192.168.177.2", "link") in mine and (3, "192.168.177.13", "link") in mine
+    assert (1, "192.168.177.5", "fabric") in mine and (2, "192.168.177.6", "fabric") in mine
+
+
+def test_extras_command_and_parse():
+    targets = [check.PingTarget(1, "192.168.177.2", "link", 8972), check.PingTarget(2, "192.168.177.6", "fabric", None)]
+    cmd = check.extras_command(targets)
+    assert "ping -n -c1 -W1 -M do -s 8972 192.168.177.2" in cmd and "ping -n -c1 -W1 192.168.177.6" in cmd
+    assert "-s 8972 192.168.177.6" not in cmd
+    parsed = check.parse_extras("0 0 rtt min/avg/max/mdev = 0.1/0.1/0.1/0.0 ms\n"
+                                "1 1 ping: local error: message too long, mtu=1400\n"
+                                "2 1 1 packets transmitted, 0 received, 100% packet loss, time 0ms\n"
+                                "CAPEFF 000001ffffffffff\n", targets)
+    assert parsed.pings[("192.168.177.2", False)].ok and not parsed.pings[("192.168.177.2", True)].ok
+    assert "message too long" in parsed.pings[("192.168.177.2", True)].detail
+    assert parsed.dockerd_can_raise is True
+    assert check.parse_extras("NOPING\nCAPEFF 00000000a80425fb\n", targets) == \
+        check.Extras({}, ping_missing=True, dockerd_can_raise=False)
+
+
+def test_checkpoint_and_clock_compare_ranks(sandbox_config, fabric_facts):
+    other = Checkpoint("/models/glm53-sandbox", "c" * 64, "i" * 64, (("a.safetensors", 9),), "e" * 64, 9)
+    late = Clock(1003.0, 1003.1, 1000.0, 1000.1)
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"checkpoint": other, "clock": late}}))
+    assert row(report, 2, "checkpoint").status == "fail" and "other ranks ffffffffffff" in row(report, 2, "checkpoint").value
+    assert row(report, 2, "clock").status == "fail" and "timedatectl" in row(report, 2, "clock").fix
+    assert row(report, 0, "clock").status == "pass"
+
+
+def test_unreachable_rank_is_one_failed_ssh_row(sandbox_config, fabric_facts):
+    inp = inputs(sandbox_config, fabric_facts)
+    inp.gathered[3] = gather.RankFacts(3, "spark4", None, "rank 3 (spark4): unreachable (connection refused)", 0.01)
+    report = check.evaluate(inp)
+    assert report.ranks[3].checks == [check.Row("ssh", "fail", "rank 3 (spark4): unreachable (connection refused)",
+                                                "check the rank is up and `ssh -p 22 spark@172.31.240.14` works")]
+    assert not report.ok
+    assert set(report.to_json()) == {"ok", "ranks"}
+    assert set(report.to_json()["ranks"][0]) == {"rank", "host", "checks"}
+    assert set(report.to_json()["ranks"][0]["checks"][0]) == {"name", "status", "value", "fix"}
+
+
+# --- on the sandbox -----------------------------------------------------------------------------
+
+@pytest.fixture
+def loaded(sandbox):
+    return config.load(sandbox.config)
+
+
+def test_healthy_sandbox(sandbox, loaded):
+    """Everything a sandbox can pass passes; the honest exceptions are listed in the docstring."""
+    for name in sandbox.names:  # the state `prep` leaves; another test may have changed it
+        sandbox.run(name, "sudo sysctl -q -w vm.swappiness=1 vm.compaction_proactiveness=0")
+    report = check.run(loaded, image=sandbox.images["vllm"])
+    s = statuses(report)
+    for name in ("ssh", "docker", "image", "gpu", "memory", "swap", "sysctls", "link", "roce", "mtu",
+                 "checkpoint", "disk", "clock"):
+        assert s[name] == {"pass"}, (name, [row(report, r, name) for r in range(4)])
+    assert s["ulimits"] == {"warn"}
+    assert "(dockerd hard limit)" in row(report, 0, "ulimits").value
+    for name in ("peers", "jumbo"):
+        for r in range(4):
+            c = row(report, r, name)
+            # no ping: not measured; ping but fixture IPs: unreachable; with the fabric IPs as
+            # real addresses on the bridge (MTU 1400): peers answer, the 9000 B DF ping cannot
+            assert (c.status == "warn" and "no `ping` on the rank" in c.value) or \
+                (c.status in ("warn", "fail") and "unreachable" in c.value) or \
+                (c.status == "pass" and name == "peers" and "answer" in c.value), c
+    assert report.ok == ("fail" not in s["peers"] | s["jumbo"])
+
+
+def test_image_missing_on_one_rank_is_named(sandbox, loaded):
+    tag = "sparkstack-test/check:on-three"
+    base = sandbox.images["vllm"]
+    try:
+        for name in sandbox.names[:3]:
+            assert sandbox.run(name, f"docker tag {base} {tag}")[0] == 0
+        report = check.run(loaded, image=tag)
+        assert [row(report, r, "image").status for r in range(4)] == ["pass", "pass", "pass", "fail"]
+        assert row(report, 3, "image").value == f"{tag} missing on rank 3 (spark4)"
+        assert not report.ok
+    finally:
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi {tag} >/dev/null 2>&1; true")
+
+
+@pytest.fixture
+def squeezed(sandbox):
+    """spark2's /proc/meminfo shows 10 GiB available, rewritten in place; restored after."""
+    path = Path(sandbox.state_dir) / "ranks" / "spark2" / "meminfo"
+    original = path.read_text()
+    low = "\n".join(f"MemAvailable:   {10 * (1 << 20):>8} kB" if line.startswith("MemAvailable:") else line
+                    for line in original.splitlines()) + "\n"
+    with open(path, "r+") as f:
+        f.write(low)
+        f.truncate()
+    try:
+        yield path
+    finally:
+        with open(path, "r+") as f:
+            f.write(original)
+            f.truncate()
+
+
+def test_low_memory_on_one_rank_fails_with_numbers(sandbox, loaded, squeezed):
+    result = CliRunner().invoke(main, ["check", "-c", str(sandbox.config), "--json"])
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.output)
+    mem = {r["host"]: next(c for c in r["checks"] if c["name"] == "memory") for r in data["ranks"]}
+    assert mem["spark2"]["status"] == "fail"
+    assert mem["spark2"]["value"].startswith("MemAvailable 10.0 GiB < needs 22.")
+    assert "sparkstack prep" in mem["spark2"]["fix"]
+    assert mem["spark1"]["status"] in ("pass", "warn")
+
+
+def test_unreachable_rank_is_a_failed_row_fast(sandbox, tmp_path):
+    doc = yaml.safe_load(Path(sandbox.config).read_text())
+    doc["ranks"][2]["port"] = 1  # nothing listens there: refused at once
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["check", "-c", str(path), "--json"])
+    took = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.output)
+    assert data["ok"] is False
+    spark3 = data["ranks"][2]
+    assert [c["name"] for c in spark3["checks"]] == ["ssh"]
+    assert spark3["checks"][0]["status"] == "fail" and "unreachable" in spark3["checks"][0]["value"]
+    assert len(data["ranks"][0]["checks"]) == len(check.ORDER)
+    assert took < doc["ssh"].get("connect_timeout_s", 10) + 15, took
+
+
+def test_cli_table(sandbox):
+    result = CliRunner().invoke(main, ["check", "-c", str(sandbox.config)])
+    assert result.exit_code in (0, 1), result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["check", "0", "spark1", "1", "spark2", "2", "spark3", "3", "spark4"]
+    assert any(line.startswith("memory") for line in lines)
+    assert lines[-1].startswith(("ok (", "not ready (")) and lines[-1].endswith(" s)")
+
+
+def test_plan_or_refuse_for_up(sandbox, loaded, squeezed):
+    """`up`'s preflight: a failed row stops it with every failure named; else the live plan."""
+    with gather.open_group(loaded) as group:
+        with pytest.raises(check.CheckFailed) as e:
+            check.plan_or_refuse(loaded, group, image=sandbox.images["vllm"])
+    assert "rank 1 (spark2) memory: MemAvailable 10.0 GiB < needs" in e.value.message
+    assert "-- fix: sparkstack prep" in e.value.message
+
+
+def test_plan_or_refuse_tolerates_a_missing_image_and_returns_the_live_plan(sandbox, loaded):
+    with gather.open_group(loaded) as group:
+        p = check.plan_or_refuse(loaded, group, image="sparkstack-test/check:nowhere")
+    assert "NCCL_IB_HCA" in p.ranks[0].env  # made from the facts: each rank's own fabric env
+    assert not any(a.startswith("MemAvailable") for a in p.assumed)

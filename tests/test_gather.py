@@ -1,0 +1,102 @@
+"""Gathering facts from every rank in parallel, and `plan` using them."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher import config, gather, node_settings, plan
+from launcher.cli import main
+
+
+@pytest.fixture
+def loaded(sandbox):
+    return config.load(sandbox.config)
+
+
+def closed_port_config(sandbox, tmp_path, rank: int = 1) -> Path:
+    doc = yaml.safe_load(Path(sandbox.config).read_text())
+    doc["ranks"][rank]["port"] = 1  # nothing listens: refused at once
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_probe_args_read_every_managed_sysctl(write_config):
+    loaded = config.load(write_config())
+    args = gather.probe_args(loaded, 2)
+    assert set(node_settings.sysctls(loaded.cluster)) <= set(args["sysctls"])
+    assert "fs.nr_open" in args["sysctls"]
+    assert args["model_dir"] == loaded.cluster.model.path
+
+
+def test_every_rank_answers_in_parallel(sandbox, loaded):
+    with gather.open_group(loaded) as group:
+        started = time.monotonic()
+        found = gather.gather(group, loaded)
+        wall = time.monotonic() - started
+    assert list(found) == [0, 1, 2, 3]
+    assert [g.facts.hostname for g in found.values()] == sandbox.names
+    assert all(g.ok and g.error is None for g in found.values())
+    assert found[2].facts.memory.total == 127_600_000 * 1024  # the GB10 meminfo of the sandbox
+    # in parallel: the wall time is near the slowest rank, not the sum
+    assert wall < sum(g.seconds for g in found.values()), (wall, [g.seconds for g in found.values()])
+
+
+def test_unreachable_rank_is_an_error_not_an_exception(sandbox, tmp_path):
+    loaded = config.load(closed_port_config(sandbox, tmp_path))
+    started = time.monotonic()
+    found = gather.gather_config(loaded=loaded)
+    assert time.monotonic() - started < 15
+    assert found[1].facts is None and "rank 1 (spark2)" in found[1].error and "unreachable" in found[1].error
+    assert [r for r, g in found.items() if g.ok] == [0, 2, 3]
+    assert set(gather.facts_of(found)) == {0, 2, 3}
+
+
+# --- plan with facts ----------------------------------------------------------------------------
+
+def test_plan_with_facts_uses_memory_and_each_ranks_fabric(sandbox, loaded):
+    found = gather.facts_of(gather.gather_config(loaded=loaded))
+    offline = plan.build(loaded)
+    live = plan.build(loaded, facts=found)
+    smallest = min(f.memory.available for f in found.values())
+    assert live.kv.budget.mem_available == smallest != offline.kv.budget.mem_available
+    assert not any(a.startswith(("MemAvailable", "fabric environment")) for a in live.assumed)
+    for r, rank in enumerate(live.ranks):
+        truth = sandbox.truth[sandbox.names[r]]
+        assert rank.env["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
+        assert rank.env["NCCL_IB_HCA"] == "=" + ",".join(truth["hcas_in_use"])
+        assert rank.env["VLLM_HOST_IP"] == loaded.cluster.ranks[r].address  # ring: management address
+        assert f"NCCL_SOCKET_IFNAME=={truth['netdev']}" in rank.docker_run
+    # the offline plan is unchanged by this: still says what it did not know
+    assert any(a.startswith("fabric environment") for a in offline.assumed)
+
+
+def test_plan_without_one_ranks_facts_says_so(sandbox, loaded):
+    found = gather.facts_of(gather.gather_config(loaded=loaded))
+    del found[3]
+    p = plan.build(loaded, facts=found)
+    assert any(a.startswith("fabric environment") and "rank 3 (spark4): not probed" in a for a in p.assumed)
+    assert any(a.startswith("MemAvailable") for a in p.assumed)
+    assert "NCCL_IB_HCA" not in p.ranks[3].env and "NCCL_IB_HCA" in p.ranks[2].env
+
+
+def test_cli_plan_probes_and_offline_does_not(sandbox):
+    live = json.loads(CliRunner().invoke(main, ["plan", "-c", str(sandbox.config), "--json"]).output)
+    offline = json.loads(CliRunner().invoke(main, ["plan", "-c", str(sandbox.config), "--json",
+                                                   "--offline"]).output)
+    assert "NCCL_IB_HCA" in live["ranks"][0]["env"] and "NCCL_IB_HCA" not in offline["ranks"][0]["env"]
+    assert not any(a.startswith("ranks not probed") for a in live["assumed"] + offline["assumed"])
+
+
+def test_cli_plan_falls_back_when_a_rank_is_unreachable(sandbox, tmp_path):
+    result = CliRunner().invoke(main, ["plan", "-c", str(closed_port_config(sandbox, tmp_path)), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert any(a.startswith("ranks not probed") and "rank 1 (spark2)" in a for a in data["assumed"])
+    assert "NCCL_IB_HCA" in data["ranks"][0]["env"] and "NCCL_IB_HCA" not in data["ranks"][1]["env"]

@@ -1,0 +1,219 @@
+"""`sparkstack prep`: the plan of each rank (pure), then applying it to the sandbox's ranks.
+
+The sandbox kernel has no NFS, so the NFS mount is tested as a plan; the NFS server's own bind
+mount runs for real inside a rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher import config, gather, node_settings, prep
+from launcher.cli import main
+from launcher.facts import Memory, Mount
+from launcher.remote import Result, Target
+
+GIB = 1 << 30
+
+
+def nfs(d):
+    d["model"].update(path="/models/glm53", nfs={"server": "spark1", "export": "/srv/glm53"})
+
+
+@pytest.fixture
+def spark_facts():
+    """Facts of a freshly booted Spark: wrong sysctls, nothing mounted, 40 GiB page cache."""
+    from test_check import healthy  # noqa: PLC0415  (the same fixture-fact builder)
+    from test_fabric import spark
+
+    f = healthy(spark({"enp1s0f0np0": "192.168.177.1"}), 0,
+                memory=Memory(127_600_000 * 1024, 110 * GIB, 70 * GIB, 40 * GIB, 0, 0, 0))
+    return dataclasses.replace(f, sysctls={"vm.swappiness": "60", "vm.compaction_proactiveness": "0"})
+
+
+# --- the plan (pure) ----------------------------------------------------------------------------
+
+def test_plan_sets_only_what_differs_then_drops(write_config, spark_facts):
+    loaded = config.load(write_config())
+    steps = prep.plan_rank(loaded, 1, spark_facts)
+    assert [(s.name, s.needed) for s in steps] == [
+        ("vm.compaction_proactiveness=0", False), ("vm.swappiness=1", True), ("drop caches", True)]
+    assert steps[1].command == "sysctl -q -w vm.swappiness=1" and steps[1].detail == "was 60"
+    assert steps[2].command == node_settings.DROP_CACHES_COMMAND and not steps[2].root
+    assert "40.0 GiB page cache" in steps[2].detail
+
+
+def test_sysctl_overrides_come_from_node_settings(write_config, spark_facts, monkeypatch):
+    loaded = config.load(write_config())
+    monkeypatch.setattr(node_settings, "BASE_SYSCTLS", {**node_settings.BASE_SYSCTLS, "vm.max_map_count": 1048576})
+    names = [s.name for s in prep.sysctl_steps(loaded, spark_facts)]
+    assert "vm.max_map_count=1048576" in names
+
+
+def test_nfs_mount_on_clients_bind_mount_on_the_server(write_config, spark_facts):
+    loaded = config.load(write_config(nfs))
+    client = prep.mount_step(loaded, 2, spark_facts)
+    assert client.needed and client.command == ("mkdir -p /models/glm53 && mount -t nfs -o ro,noatime "
+                                                "spark1:/srv/glm53 /models/glm53")
+    server = prep.mount_step(loaded, 0, spark_facts)  # spark1 serves the export: seed 000's gotcha
+    assert server.command == "mkdir -p /models/glm53 && mount --bind /srv/glm53 /models/glm53"
+    # the same source of truth as the fstab line Ansible writes
+    assert node_settings.fstab_entry(loaded.cluster, 0).startswith("/srv/glm53 /models/glm53 none bind")
+    mounted = dataclasses.replace(spark_facts, model_mount=Mount("/models/glm53", "spark1:/srv/glm53", "nfs4", "ro"))
+    again = prep.mount_step(loaded, 2, mounted)
+    assert not again.needed and again.detail == "spark1:/srv/glm53 (nfs4) on /models/glm53"
+    steps = prep.plan_rank(loaded, 2, spark_facts)
+    assert [s.name.split()[0] for s in steps][-2:] == ["mount", "drop"]  # mount before the drop
+
+
+def test_no_mount_without_nfs(write_config, spark_facts):
+    assert prep.mount_step(config.load(write_config()), 0, spark_facts) is None
+
+
+class FakeConnection:
+    def __init__(self, user="spark", stderr="sudo: a password is required\n"):
+        self.target = Target(2, "spark3", "10.0.0.13", 22, user)
+        self.stderr = stderr
+        self.commands = []
+
+    def run(self, command, **kw):
+        self.commands.append((command, kw.get("sudo", False)))
+        return Result(self.target, 1, "", self.stderr)
+
+
+def test_without_sudo_a_clear_error_names_the_rank(write_config, spark_facts):
+    loaded = config.load(write_config())
+    rp = prep.RankPrep(2, "spark3", prep.plan_rank(loaded, 2, spark_facts))
+    prep.apply_rank(FakeConnection(), rp)
+    assert rp.error.startswith("rank 2 (spark3): prep needs root and `sudo -n` was refused for spark")
+    assert "passwordless sudo" in rp.error and "ranks[2].user" in rp.error
+    assert rp.changed == []
+
+
+def test_root_script_reports_each_step():
+    steps = [prep.Step("a", "true", True, ""), prep.Step("b", "echo no >&2; false", True, "")]
+    script = prep.root_script(steps)
+    import subprocess
+
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout
+    rp = prep.RankPrep(0, "x", steps)
+    prep._record(rp, steps, out)
+    assert rp.changed == ["a"] and rp.failed == ["b: no"]
+
+
+# --- on the sandbox -----------------------------------------------------------------------------
+
+@pytest.fixture
+def loaded(sandbox):
+    return config.load(sandbox.config)
+
+
+def read_sysctl(sandbox, name, key):
+    return sandbox.run(name, f"cat /proc/sys/{key.replace('.', '/')}")[1].strip()
+
+
+def test_prep_sets_sysctls_on_every_rank_then_reports_them_already_set(sandbox, loaded):
+    for name in sandbox.names:  # ranks' /proc/sys/vm is their own copy: safe to change
+        sandbox.run(name, "sudo sysctl -q -w vm.swappiness=60 vm.compaction_proactiveness=20")
+    first = prep.run(loaded)
+    assert first.ok, first.to_json()
+    for r in first.ranks:
+        assert set(r.changed) == {"vm.swappiness=1", "vm.compaction_proactiveness=0", "drop caches"}
+        assert r.mem_available >= first.need
+    for name in sandbox.names:
+        assert read_sysctl(sandbox, name, "vm.swappiness") == "1"
+        assert read_sysctl(sandbox, name, "vm.compaction_proactiveness") == "0"
+    result = CliRunner().invoke(main, ["prep", "-c", str(sandbox.config), "--json"])
+    assert result.exit_code == 0, result.output
+    second = json.loads(result.output)
+    for r in second["ranks"]:
+        assert r["changed"] == ["drop caches"]
+        assert r["already"] == ["vm.compaction_proactiveness=0", "vm.swappiness=1"]
+
+
+def test_prepare_over_an_open_group_for_up(sandbox, loaded):
+    with gather.open_group(loaded) as group:
+        report = prep.prepare(loaded, group)
+    report.raise_for_failures()  # nothing failed: no error
+    assert report.ok and [r.rank for r in report.ranks] == [0, 1, 2, 3]
+
+
+def test_raise_for_failures_names_rank_and_cause():
+    report = prep.PrepReport([prep.RankPrep(0, "spark1", []),
+                              prep.RankPrep(1, "spark2", [], failed=["vm.swappiness=1: permission denied"])], None)
+    with pytest.raises(prep.PrepError) as e:
+        report.raise_for_failures()
+    assert e.value.message == "prep failed on 1 of 2 ranks:\nrank 1 (spark2): vm.swappiness=1: permission denied"
+
+
+@pytest.fixture
+def squeezed(sandbox):
+    """spark3's MemAvailable down to 10 GiB (its meminfo file rewritten in place); restorable."""
+    path = Path(sandbox.state_dir) / "ranks" / "spark3" / "meminfo"
+    original = path.read_text()
+
+    def write(text):
+        with open(path, "r+") as f:
+            f.write(text)
+            f.truncate()
+
+    write("\n".join(f"MemAvailable:   {10 * (1 << 20):>8} kB" if line.startswith("MemAvailable:") else line
+                    for line in original.splitlines()) + "\n")
+    try:
+        yield lambda: write(original)
+    finally:
+        write(original)
+
+
+def test_wait_for_memory_shows_progress_until_it_is_back(sandbox, loaded, squeezed):
+    said = []
+    threading.Timer(1.5, squeezed).start()  # memory "comes back" after the drop
+    with gather.open_group(loaded) as group:
+        started = time.monotonic()
+        seen = prep.wait_for_memory(group, [0, 1, 2, 3], 30 * GIB, timeout=30, say=said.append, poll=0.3)
+    assert 1.0 < time.monotonic() - started < 20
+    assert all(v >= 30 * GIB for v in seen.values())
+    assert said and all("rank 2 (spark3) 10.0 GiB" in line for line in said)
+    assert "waiting for MemAvailable ≥ 30.0 GiB" in said[0]
+
+
+def test_wait_for_memory_times_out_naming_the_rank(sandbox, loaded, squeezed):
+    with gather.open_group(loaded) as group:
+        with pytest.raises(prep.PrepError) as e:
+            prep.wait_for_memory(group, [0, 1, 2, 3], 30 * GIB, timeout=1, poll=0.3)
+    assert "rank 2 (spark3): MemAvailable 10.0 GiB < 30.0 GiB needed" in e.value.message
+    assert "fix:" in e.value.message
+
+
+def test_bind_mount_on_the_nfs_servers_own_rank(sandbox, tmp_path):
+    """spark1 serves the export: prep bind-mounts it at model.path there, for real."""
+    export, path = "/srv/sparkstack-test-export", "/srv/sparkstack-test-model"
+    doc = yaml.safe_load(Path(sandbox.config).read_text())
+    doc["model"].update(path=path, nfs={"server": "spark1", "export": export})
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    loaded = config.load(cfg)
+    assert sandbox.run("spark1", f"sudo mkdir -p {export} && echo hi | sudo tee {export}/config.json >/dev/null")[0] == 0
+    try:
+        with gather.open_group(loaded) as group:
+            conn = group.connections[0]
+            f = gather.probe_rank(conn, loaded).facts
+            steps = prep.plan_rank(loaded, 0, f, drop=False)
+            mount = next(s for s in steps if s.name.startswith("mount"))
+            assert mount.needed and "mount --bind" in mount.command
+            rp = prep.apply_rank(conn, prep.RankPrep(0, "spark1", steps))
+            assert rp.error is None and not rp.failed, rp
+            assert mount.name in rp.changed
+            assert sandbox.run("spark1", f"cat {path}/config.json")[1].strip() == "hi"
+            again = prep.plan_rank(loaded, 0, gather.probe_rank(conn, loaded).facts, drop=False)
+            assert not next(s for s in again if s.name.startswith("mount")).needed
+    finally:
+        sandbox.run("spark1", f"sudo umount {path} 2>/dev/null; sudo rm -rf {path} {export}")
