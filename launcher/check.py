@@ -28,7 +28,7 @@ from .errors import SparkstackError
 from .facts import UNLIMITED, Facts
 from .gather import RankFacts
 from .kv import GIB, gib
-from .plan import MemoryNeed
+from .plan import MemoryNeed, Plan
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 ORDER = ("ssh", "docker", "image", "gpu", "memory", "swap", "sysctls", "ulimits", "link",
@@ -602,7 +602,7 @@ class CheckFailed(SparkstackError):
 
 
 def plan_or_refuse(loaded: Loaded, group, image: str | None = None,
-                   tolerate: tuple[str, ...] = ("image",)) -> "plan_mod.Plan":
+                   tolerate: tuple[str, ...] = ("image",)) -> Plan:
     """What `up` calls before starting anything: check every rank over the open Group; a failed
     row raises CheckFailed (nothing is started); else the plan made from these facts. Rows in
     `tolerate` do not stop it: by default the image, which `up` builds and ships after this."""

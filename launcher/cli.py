@@ -2,38 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 import sys
 
 import click
-from rich.console import Console
 
 from . import __version__
 from . import config as config_mod
 from . import plan as plan_mod
+from .console import err, friendly_errors, out
 from .errors import SparkstackError
 from .profile import load_profile, profile_names
-
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
-
-
-def friendly_errors(fn):
-    """Every failure a user can cause ends as one message and an exit code, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SparkstackError as e:
-            for line in e.message.splitlines():
-                err.print(f"[bold red]error:[/] {line}", markup=True, highlight=False)
-            sys.exit(e.exit_code)
-
-    return wrapper
-
 
 config_option = click.option(
     "-c", "--config", "config_file", metavar="PATH",

@@ -174,7 +174,7 @@ class _Assessment:
         port = next((p for p in device.ports if any(g.ndev == netdev for g in p.gids)), device.ports[0])
         if port.link_layer != "Ethernet":
             self.add("rdma", "fail", f"{device.name} port {port.number} link layer is {port.link_layer}, not Ethernet",
-                     f"set the ConnectX port to Ethernet (mlxconfig LINK_TYPE_P*=2) for RoCE")
+                     "set the ConnectX port to Ethernet (mlxconfig LINK_TYPE_P*=2) for RoCE")
             return None
         if port.state != "ACTIVE":
             self.add("rdma", "fail", f"{device.name} port {port.number} is {port.state}",

@@ -376,19 +376,14 @@ class ByteCounter:
 def _pump(channel: paramiko.Channel, sock: socket.socket, counter: ByteCounter) -> None:
     """Copy both ways between an SSH channel and a local socket until either side closes."""
     try:
+        ends = {channel: sock, sock: channel}
         while True:
-            readable, _, _ = select.select([channel, sock], [], [], 30)
-            if channel in readable:
-                data = channel.recv(1 << 16)
+            readable, _, _ = select.select(list(ends), [], [], 30)
+            for source in readable:
+                data = source.recv(1 << 16)
                 if not data:
-                    break
-                sock.sendall(data)
-                counter.add(len(data))
-            if sock in readable:
-                data = sock.recv(1 << 16)
-                if not data:
-                    break
-                channel.sendall(data)
+                    return
+                ends[source].sendall(data)
                 counter.add(len(data))
     except (OSError, paramiko.SSHException):
         pass

@@ -38,6 +38,16 @@ def write_config(tmp_path):
 from sandbox_fixture import sandbox  # noqa: E402,F401  (session-scoped: four ranks, up once)
 
 
+@pytest.fixture(scope="module")
+def group(sandbox):
+    """SSH connections to the sandbox's four ranks (launcher.remote), one set per test module."""
+    from launcher import config, remote
+
+    cluster = config.load(sandbox.config).cluster
+    with remote.Group.from_targets(remote.targets_from_config(cluster), sandbox.known_hosts) as g:
+        yield g
+
+
 def _test_networks():
     from ipaddress import ip_network
 

@@ -27,7 +27,6 @@ import yaml
 
 from launcher import config, inventory, node_settings
 from launcher.errors import load_yaml_model
-from sandbox_fixture import sandbox  # noqa: F401  (the session fixture; tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = ROOT / "ansible" / "spark.yml"

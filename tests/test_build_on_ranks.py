@@ -15,18 +15,11 @@ import yaml
 from click.testing import CliRunner
 
 from launcher import build as build_mod
-from launcher import config, remote, ship
+from launcher import ship
 from launcher.cli import main
 from test_build import FOUR, TEST_LABEL, chain_of, loaded_for
 from test_build import docker_client, session, test_base  # noqa: F401 (fixtures)
 from test_images import write_patches
-
-
-@pytest.fixture(scope="module")
-def group(sandbox):
-    cluster = config.load(sandbox.config).cluster
-    with remote.Group.from_targets(remote.targets_from_config(cluster), sandbox.known_hosts) as g:
-        yield g
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,6 @@ def targets(sandbox):
     return remote.targets_from_config(config.load(sandbox.config).cluster)
 
 
-@pytest.fixture(scope="module")
-def group(sandbox, targets):
-    with remote.Group.from_targets(targets, sandbox.known_hosts) as g:
-        yield g
-
-
 def test_every_rank_answers_in_parallel_in_order(group, sandbox):
     results = group.run("hostname").results
     assert [r.stdout.strip() for r in results] == sandbox.names

@@ -2,7 +2,6 @@
 
 import io
 import json
-import os
 import time
 import uuid
 
@@ -10,7 +9,7 @@ import docker
 import pytest
 from click.testing import CliRunner
 
-from launcher import config, remote, ship
+from launcher import ship
 from launcher.cli import main
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -28,13 +27,6 @@ def build_on(client, parent: str, name: str, payload_bytes: int) -> str:
     ref = f"sparkstack-test/ship:{name}-{RUN_ID}"
     client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=ref, rm=True)
     return ref
-
-
-@pytest.fixture(scope="module")
-def group(sandbox):
-    cluster = config.load(sandbox.config).cluster
-    with remote.Group.from_targets(remote.targets_from_config(cluster), sandbox.known_hosts) as g:
-        yield g
 
 
 @pytest.fixture(scope="module")

@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from ..errors import SparkstackError
+from ..console import err, friendly, out
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
-
-
-def _friendly(fn):
-    """One message and the fix, exit non-zero, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SparkstackError as e:
-            for line in e.message.splitlines():
-                err.print(f"[bold red]error:[/] {line}", markup=True, highlight=False)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            err.print("interrupted; `sparkstack sandbox up` again resumes, "
-                      "`sparkstack sandbox down` cleans up")
-            sys.exit(130)
-
-    return wrapper
+_friendly = friendly("interrupted; `sparkstack sandbox up` again resumes, "
+                     "`sparkstack sandbox down` cleans up")
 
 
 state_option = click.option(

@@ -1,0 +1,38 @@
+"""Where the CLI writes (results on stdout, progress and errors on stderr) and how it fails."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from rich.console import Console
+
+from .errors import SparkstackError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def friendly(interrupted: str = "interrupted"):
+    """A command decorator: every failure a user can cause ends as one message per line and the
+    error's exit code, Ctrl+C as `interrupted` and 130; never a traceback."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except SparkstackError as e:
+                for line in e.message.splitlines():
+                    err.print(f"[bold red]error:[/] {line}", markup=True, highlight=False)
+                sys.exit(e.exit_code)
+            except KeyboardInterrupt:
+                err.print(interrupted, markup=False)
+                sys.exit(130)
+
+        return wrapper
+
+    return decorate
+
+
+friendly_errors = friendly()
