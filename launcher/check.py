@@ -374,7 +374,7 @@ def _check_ulimits(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
                                  f"docker.service) or lower container.{item} in cluster.yaml")
         elif status == PASS and (_above(seed, ceiling) or _above(seed, asked)):
             status, fix = WARN, (f"the seeds use nofile {SEED_NOFILE} / memlock unlimited (NCCL at 4 "
-                                 "ranks, RDMA): set container.nofile/memlock and dockerd's limits so")
+                                 "ranks, RDMA): set container.nofile/memlock to those and raise dockerd's limits (LimitNOFILE=/LimitMEMLOCK=infinity) to allow them")
     rr.add("ulimits", status, "; ".join(parts), fix)
 
 

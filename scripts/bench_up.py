@@ -50,7 +50,7 @@ def main() -> None:
     print(f"up after down, images present: {statistics.median(after_down):.2f} s median of 3 "
           f"({', '.join(f'{s:.2f}' for s in after_down)}); images lacking before: {missing}")
     print("the stand-in engine opens its port at once: these walls are the kit's own overhead "
-          "(SSH, docker run on 4 ranks, a 3 s settle watch, the API wait)")
+          "(prep and check probe every rank, docker run on 4 ranks, the API wait with a rank watch)")
 
 
 if __name__ == "__main__":
