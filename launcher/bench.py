@@ -91,15 +91,13 @@ def normalize_url(url: str) -> str:
 
 def target_from_config(loaded, url: str | None = None, api_key: str | None = None,
                        model: str | None = None) -> Target:
-    """The cluster's API: rank 0's address and the profile's port (or overrides.api_port), the
-    key from overrides.api_key, the served name from model.served_name or the profile. Flags
-    given on the command line (`url` already normalized) win over each."""
-    cluster, profile = loaded.cluster, loaded.profile
-    port = cluster.overrides.api_port or profile.api_port
-    rank0 = cluster.ranks[0]
-    return Target(url=url or f"http://{rank0.address}:{port}",
-                  model=model or cluster.model.served_name or profile.served_name,
-                  api_key=api_key or cluster.overrides.api_key,
+    """The cluster's API (launcher.api.endpoint: rank 0, the profile's or overridden port, key
+    and served name). Flags given on the command line (`url` already normalized) win over each."""
+    from .api import endpoint
+
+    ep = endpoint(loaded)
+    rank0 = loaded.cluster.ranks[0]
+    return Target(url=url or ep.url, model=model or ep.model, api_key=api_key or ep.api_key,
                   source=f"{loaded.path}" + ("" if url else f" (rank 0 {rank0.label})"))
 
 
