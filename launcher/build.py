@@ -276,6 +276,15 @@ def local_base_id(name: str) -> str | None:
         return None
 
 
+def local_chain(loaded) -> Chain:
+    """The profile's chain tagged against the base as the local Docker holds it (by name when
+    it does not): the tags `build` would give, computed without building."""
+    from .images import base_name, chain_for
+
+    base = base_name(loaded)
+    return chain_for(loaded, local_base_id(base) if base else None)
+
+
 # ----------------------------------------------------------------------------------------------
 # build --on-ranks: the same chain built by every rank's Docker, over SSH (launcher.remote)
 
@@ -310,9 +319,7 @@ def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda lin
 
     own = group is None
     if own:
-        cluster = loaded.cluster
-        group = remote.Group.from_targets(remote.targets_from_config(cluster),
-                                          cluster.ssh.known_hosts or remote.DEFAULT_KNOWN_HOSTS)
+        group = remote.Group.for_cluster(loaded.cluster)
     try:
         probes = {r.target.rank: r for r in group.run(_probe_command(chain), timeout=60).results}
         have = {rank: _parse_probe(r.stdout) for rank, r in probes.items() if r.ok}

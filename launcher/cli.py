@@ -257,7 +257,7 @@ def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
     loaded = config_mod.load(config_mod.config_path(config_file))
     base = images_mod.base_name(loaded)
     # every check before anything is built; the base's ID (a lookup) only when Docker has it
-    chain = images_mod.chain_for(loaded, build_mod.local_base_id(base) if base else None)
+    chain = build_mod.local_chain(loaded)
     if render_dir:
         images_mod.write_contexts(chain, pathlib.Path(render_dir))
         _print_build(as_json, [{"name": s.name, "tag": s.tag, "dockerfile":
@@ -281,9 +281,7 @@ def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
 def _build_on_ranks(build_mod, loaded, chain, as_json: bool, trust_new_hosts: bool) -> None:
     from . import remote
 
-    cluster = loaded.cluster
-    with remote.Group.from_targets(remote.targets_from_config(cluster), _known_hosts(cluster),
-                                   trust_new=trust_new_hosts, say=err.print) as group:
+    with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
         ranks = build_mod.build_on_ranks(loaded, chain, say=lambda line: err.print(line, markup=False),
                                          group=group)
     if as_json:
@@ -370,18 +368,13 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
     --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
     """
     from . import build as build_mod
-    from . import images as images_mod
     from . import remote
     from . import ship as ship_mod
 
     loaded = config_mod.load(config_mod.config_path(config_file))
-    if not refs:
-        base = images_mod.base_name(loaded)
-        refs = [images_mod.chain_for(loaded, build_mod.local_base_id(base) if base else None).top]
+    refs = refs or [build_mod.local_chain(loaded).top]
     ids = ship_mod.local_image_ids(list(refs))  # Docker's socket, without docker-py
-    cluster = loaded.cluster
-    with remote.Group.from_targets(remote.targets_from_config(cluster), _known_hosts(cluster),
-                                   trust_new=trust_new_hosts, say=err.print) as group:
+    with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
         shipment = ship_mod.make_plan(group, ids)
         if not dry_run:
             ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False))
@@ -400,12 +393,6 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
         raise SparkstackError(f"ship failed on {len(failed)} of {len(rows)} ranks "
                               f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause above "
                               "and re-run `sparkstack ship`: only what is missing moves")
-
-
-def _known_hosts(cluster):
-    from .remote import DEFAULT_KNOWN_HOSTS
-
-    return cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS
 
 
 @main.command("ansible-inventory")

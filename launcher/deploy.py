@@ -10,13 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import docker
-
-from . import api, build, check, images, prep, serve, ship
+from . import api, build, check, prep, serve, ship
 from . import plan as plan_mod
 from .config import Loaded
 from .errors import SparkstackError
-from .remote import DEFAULT_KNOWN_HOSTS, Group, targets_from_config
+from .remote import Group
 
 
 @dataclass
@@ -27,14 +25,8 @@ class UpReport:
 
 
 def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
-    cluster = loaded.cluster
-    return Group.from_targets(targets_from_config(cluster), cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS,
-                              trust_new=trust_new, timeout=cluster.ssh.connect_timeout_s, say=say)
-
-
-def serving_image(loaded: Loaded) -> str:
-    base = images.base_name(loaded)
-    return images.chain_for(loaded, build.local_base_id(base) if base else None).top
+    """Connections for `up`/`down`/`status`: retried, since a rank may still be booting."""
+    return Group.for_cluster(loaded.cluster, trust_new=trust_new, say=say)
 
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
@@ -75,16 +67,14 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
 
 def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say) -> None:
     """Build and ship only when a rank lacks the serving image (by image ID)."""
-    client = docker.from_env()
     try:
-        ids = ship.local_image_ids([image], client)
+        ids = ship.local_image_ids([image])  # Docker's socket: docker-py is not imported
     except SparkstackError:
         if loaded.profile.image.prebuilt:
             raise
         say(f"building {image}")
-        chain = images.chain_for(loaded, build.local_base_id(images.base_name(loaded)))
-        build.build_chain(build.connect(), chain)
-        ids = ship.local_image_ids([image], client)
+        build.build_chain(build.connect(), build.local_chain(loaded))
+        ids = ship.local_image_ids([image])
         report.steps.append("built the image chain")
     shipment = ship.make_plan(group, ids)
     if shipment.needed:

@@ -19,7 +19,7 @@ from . import facts as facts_mod
 from . import node_settings
 from .config import Loaded
 from .facts import Facts, FactError
-from .remote import DEFAULT_KNOWN_HOSTS, Connection, Group, targets_from_config
+from .remote import Connection, Group
 
 PROBE_TIMEOUT_S = 20.0  # the probe's own commands stop at 5 s each; this bounds the whole
 EXTRA_SYSCTLS = ("fs.nr_open",)  # the kernel's ceiling for nofile, for the ulimits check
@@ -44,11 +44,9 @@ def open_group(loaded: Loaded, *, trust_new: bool = False, attempts: int = 1,
                connect_timeout: float | None = None, say: Callable[[str], None] | None = None) -> Group:
     """Connections to every rank, not yet opened. One attempt by default: a preflight reports
     an unreachable rank within the connect timeout instead of waiting for it to boot."""
-    cluster = loaded.cluster
-    timeout = connect_timeout or float(cluster.ssh.connect_timeout_s)
-    return Group.from_targets(targets_from_config(cluster), cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS,
-                              trust_new=trust_new, timeout=timeout, attempts=attempts,
-                              say=say or (lambda line: None))
+    timeout = connect_timeout or float(loaded.cluster.ssh.connect_timeout_s)
+    return Group.for_cluster(loaded.cluster, trust_new=trust_new, timeout=timeout, attempts=attempts,
+                             say=say or (lambda line: None))
 
 
 def probe_args(loaded: Loaded, rank_index: int) -> dict:

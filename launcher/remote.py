@@ -406,6 +406,12 @@ class Group:
     def from_targets(cls, targets: list[Target], known_hosts: Path = DEFAULT_KNOWN_HOSTS, **kw) -> "Group":
         return cls([Connection(t, known_hosts, **kw) for t in targets])
 
+    @classmethod
+    def for_cluster(cls, cluster, **kw) -> "Group":
+        """The config's ranks, its known_hosts (else ~/.ssh/known_hosts) and connect timeout."""
+        kw.setdefault("timeout", float(cluster.ssh.connect_timeout_s))
+        return cls.from_targets(targets_from_config(cluster), cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS, **kw)
+
     def each(self, action: Callable[[Connection], Result]) -> GroupResult:
         with ThreadPoolExecutor(max_workers=max(1, len(self.connections))) as pool:
             return GroupResult(list(pool.map(action, self.connections)))
