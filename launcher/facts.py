@@ -448,6 +448,43 @@ def parse_docker(version: dict, images: dict | None, inspect: dict | None,
                   tuple(found[k] for k in sorted(found)))
 
 
+def parse_docker_api(api: dict, root_dir: str = "/var/lib/docker", disk: dict | None = None) -> Docker:
+    """The Engine API's GET /version and /images/json (labels included: no inspect needed), as
+    the probe read them from the daemon's socket. There is no client here: client_version None."""
+    version = api.get("version") or {}
+    server_version = None
+    if version.get("status") == 200:
+        try:
+            server_version = json.loads(version["body"]).get("Version")
+        except json.JSONDecodeError as e:
+            raise FactError(f"GET /version: not JSON ({e})") from None
+    found: dict[str, Image] = {}
+    images = api.get("images") or {}
+    if images.get("status") == 200:
+        try:
+            listed = json.loads(images["body"])
+        except json.JSONDecodeError as e:
+            raise FactError(f"GET /images/json: not JSON ({e})") from None
+        for e in listed:
+            tags = tuple(sorted(t for t in e.get("RepoTags") or () if t != "<none>:<none>"))
+            found[e["Id"]] = Image(e["Id"], tags, dict(sorted((e.get("Labels") or {}).items())), e.get("Size"))
+    space = (disk or {}).get(root_dir) or {}
+    return Docker(None, server_version, root_dir, space.get("avail"), space.get("size"),
+                  tuple(found[k] for k in sorted(found)))
+
+
+def _api_problem(api: dict) -> str | None:
+    """One line when the daemon did not answer its socket (or answered an error)."""
+    for key in ("version", "images"):
+        got = api.get(key) or {}
+        where = f"{got.get('endpoint', key)} on {api.get('socket')}"
+        if "error" in got:
+            return f"docker: the daemon does not answer ({where}: {got['error']})"
+        if got.get("status") != 200:
+            return f"docker: GET {where}: HTTP {got.get('status')}: {(got.get('body') or '').strip()[:200]}"
+    return None
+
+
 def parse_mounts(findmnt: dict | None) -> tuple[Mount, ...]:
     """`findmnt -J` (list or tree form) into a flat list, in the order findmnt gives."""
     if not findmnt or findmnt.get("rc") != 0:
@@ -536,12 +573,17 @@ def parse_facts(raw: dict, sent: float | None = None, received: float | None = N
             problems.append(f"{what}: {e}")
             return default
 
-    for name, key in (("ip", "ip_addr"), ("findmnt", "findmnt"), ("docker", "docker_version"),
-                      ("nvidia-smi", "nvidia_smi")):
+    api = raw.get("docker_api")
+    for name, key in (("ip", "ip_addr"), ("findmnt", "findmnt"), ("nvidia-smi", "nvidia_smi")) + (
+            () if api else (("docker", "docker_version"),)):
         problem = _command_problem(name, cmds.get(key))
         if problem:
             problems.append(problem)
-    if _command_problem("docker", cmds.get("docker_version")) is None:  # else said once above
+    if api:
+        problem = _api_problem(api)
+        if problem:
+            problems.append(problem)
+    elif _command_problem("docker", cmds.get("docker_version")) is None:  # else said once above
         for name, key in (("docker images", "docker_images"), ("docker image inspect", "docker_inspect")):
             problem = _command_problem(name, cmds.get(key))
             if problem:
@@ -567,9 +609,11 @@ def parse_facts(raw: dict, sent: float | None = None, received: float | None = N
         interfaces=attempt("interfaces", parse_interfaces, cmds.get("ip_addr"), raw.get("sysfs_net", {}),
                            raw.get("ip_addr_file"), default=()),
         rdma=attempt("rdma", parse_rdma, raw.get("sysfs_infiniband")),
-        docker=attempt("docker", parse_docker, cmds.get("docker_version", {"missing": True}),
-                       cmds.get("docker_images"), cmds.get("docker_inspect"),
-                       raw.get("disk_docker_root", "/var/lib/docker"), raw.get("disk", {})),
+        docker=(attempt("docker", parse_docker_api, api, raw.get("disk_docker_root", "/var/lib/docker"),
+                        raw.get("disk", {})) if api else
+                attempt("docker", parse_docker, cmds.get("docker_version", {"missing": True}),
+                        cmds.get("docker_images"), cmds.get("docker_inspect"),
+                        raw.get("disk_docker_root", "/var/lib/docker"), raw.get("disk", {}))),
         mounts=attempt("findmnt", parse_mounts, cmds.get("findmnt"), default=()),
         model_mount=model_mounts[0] if model_mounts else None,
         checkpoint=parse_checkpoint(ckpt),

@@ -24,10 +24,13 @@ Arguments (all optional; a bare path instead of JSON is taken as `sysfs_root`):
 
 import concurrent.futures
 import hashlib
+import http.client
 import json
 import os
 import resource
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -72,6 +75,94 @@ def run(argv, timeout):
         return {"argv": argv, "error": str(e)}
     return {"argv": argv, "rc": p.returncode,
             "stdout": p.stdout.decode(errors="replace"), "stderr": p.stderr.decode(errors="replace")[-2000:]}
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over Docker's unix socket: the Engine API answers in milliseconds where each `docker`
+    CLI start costs ~150 ms of CPU (measured on the sandbox: check 1.7 s -> 1.1 s)."""
+
+    def __init__(self, path, timeout):
+        http.client.HTTPConnection.__init__(self, "localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.socket_path)
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+
+def docker_socket():
+    """The daemon's unix socket when this user can use it; None sends the probe to the CLI
+    (a tcp:// or ssh:// DOCKER_HOST, no socket, no permission, no CLI), whose errors say why.
+    The CLI must exist either way: `up` starts the engine with `docker run`."""
+    if shutil.which("docker") is None:
+        return None
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return None
+    path = host[len("unix://"):]
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    return path if os.access(path, os.R_OK | os.W_OK) else None
+
+
+def docker_get(path, endpoint, timeout):
+    """One Engine API GET: {"endpoint", "status", "body"} or {"endpoint", "error"}."""
+    conn = UnixHTTPConnection(path, timeout)
+    try:
+        conn.request("GET", endpoint)
+        resp = conn.getresponse()
+        return {"endpoint": endpoint, "status": resp.status, "body": resp.read().decode(errors="replace")}
+    except (OSError, http.client.HTTPException) as e:
+        return {"endpoint": endpoint, "error": "%s: %s" % (type(e).__name__, getattr(e, "strerror", None) or e)}
+    finally:
+        conn.close()
+
+
+DOCKER_API = {"version": "/version", "info": "/info", "images": "/images/json"}
+DOCKER_CLI = {
+    "docker_version": ["docker", "version", "--format", "{{json .}}"],
+    "docker_info": ["docker", "info", "--format", "{{json .}}"],
+    "docker_images": ["docker", "images", "--no-trunc", "--format", "{{json .}}"],
+}
+
+
+def docker_root(out):
+    """Docker's root dir from whichever answered, API or CLI."""
+    api = out.get("docker_api") or {}
+    info = api.get("info") or {}
+    text = info.get("body") if info.get("status") == 200 else None
+    cli = out["commands"].get("docker_info") or {}
+    if text is None and cli.get("rc") == 0:
+        text = cli.get("stdout")
+    try:
+        return json.loads(text).get("DockerRootDir") or "/var/lib/docker"
+    except (TypeError, ValueError, AttributeError):
+        return "/var/lib/docker"
+
+
+def docker_cli_images(out, timeout):
+    """`docker image inspect` of every listed image: labels live only there (CLI path only)."""
+    images = out["commands"].get("docker_images") or {}
+    ids = []
+    for line in (images.get("stdout") or "").splitlines() if images.get("rc") == 0 else []:
+        try:
+            ident = json.loads(line).get("ID")
+        except ValueError:
+            continue
+        if ident and ident not in ids:
+            ids.append(ident)
+    if ids:  # one call for all images
+        out["commands"]["docker_inspect"] = run(["docker", "image", "inspect", "--format",
+                                                 INSPECT_FORMAT] + ids, timeout)
 
 
 def sysfs_class(root):
@@ -199,17 +290,18 @@ def probe(args):
     commands = {
         "ip_addr": ["ip", "-j", "addr", "show"],
         "findmnt": ["findmnt", "-J", "-l", "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"],
-        "docker_version": ["docker", "version", "--format", "{{json .}}"],
-        "docker_info": ["docker", "info", "--format", "{{json .}}"],
-        "docker_images": ["docker", "images", "--no-trunc", "--format", "{{json .}}"],
         "nvidia_smi": ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                        "--format=csv,noheader"],
     }
     if model_dir:
         commands["findmnt_model"] = ["findmnt", "-J", "-T", model_dir, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"]
+    sock = docker_socket()
+    if sock is None:
+        commands.update(DOCKER_CLI)
     # Commands run side by side: the probe costs the slowest one, not their sum.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(commands)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(commands) + len(DOCKER_API)) as pool:
         futures = {k: pool.submit(run, argv, timeout) for k, argv in commands.items()}
+        api = {k: pool.submit(docker_get, sock, e, timeout) for k, e in DOCKER_API.items()} if sock else {}
         cls = sysfs_class(args.get("sysfs_root") or "/sys")
         out = {
             "probe_version": PROBE_VERSION,
@@ -231,25 +323,10 @@ def probe(args):
             "checkpoint": checkpoint(model_dir),
         }
         out["commands"] = {k: f.result() for k, f in futures.items()}
-    images = out["commands"]["docker_images"]
-    ids = []
-    for line in (images.get("stdout") or "").splitlines() if images.get("rc") == 0 else []:
-        try:
-            ident = json.loads(line).get("ID")
-        except ValueError:
-            continue
-        if ident and ident not in ids:
-            ids.append(ident)
-    if ids:  # labels live only in inspect; one call for all images
-        out["commands"]["docker_inspect"] = run(["docker", "image", "inspect", "--format",
-                                                 INSPECT_FORMAT] + ids, timeout)
-    root = "/var/lib/docker"
-    info = out["commands"]["docker_info"]
-    if info.get("rc") == 0:
-        try:
-            root = json.loads(info["stdout"]).get("DockerRootDir") or root
-        except ValueError:
-            pass
+        out["docker_api"] = dict({k: f.result() for k, f in api.items()}, socket=sock) if sock else None
+    if sock is None:
+        docker_cli_images(out, timeout)
+    root = docker_root(out)
     out["disk"] = disk(["/", root, model_dir] + list(args.get("disk_paths", [])))
     out["disk_docker_root"] = root
     out["clock"]["finished"] = time.time()
