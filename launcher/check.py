@@ -8,8 +8,8 @@ fabric pings and dockerd's capabilities) and calls it.
 
 Rows a healthy sandbox shows as non-pass, honestly (tests/test_check.py documents them):
 image (until the profile's chain is built and shipped), ulimits (warn: the host's hard limits
-cap the ranks at nofile 20000 / memlock 8 MiB), peers and jumbo (the fabric IPs are fixtures,
-not addresses on a real interface; and the sandbox ranks have no `ping`).
+cap the ranks at nofile 20000 / memlock 8 MiB), peers and jumbo (warn: the ring's neighbours
+answer over real 9000-MTU veth cables; the ranks beyond them are not routed, as in a plain ring).
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@ Rows a HEALTHY sandbox honestly does not pass (asserted in test_healthy_sandbox)
   the sandbox test therefore checks a ref every rank has (the stand-in base image);
 - ulimits: warn -- the host's hard limits (nofile 20000, memlock 8 MiB) cap the ranks' dockerd,
   which has no CAP_SYS_RESOURCE, below the seeds' 1048576 / unlimited;
-- peers, jumbo: the ranks have no `ping` (warn "not measured"); where ping exists, the fabric IPs
-  are fixtures, not addresses of a real interface, so the pings fail (and say so); with the
-  fabric IPs added as real addresses on the docker bridge, peers pass and jumbo fails honestly
-  ("message too long, mtu=1400": the bridge is not a 9000-MTU fabric).
+- peers, jumbo: warn -- the ring's cables are real (veth pairs, MTU 9000, launcher/sandbox/links.py)
+  so each rank's two neighbours answer, the 9000 B don't-fragment ping included; the other ranks'
+  configured fabric IPs lie beyond the neighbours, unrouted as in a plain ring.
 """
 
 from __future__ import annotations
@@ -260,12 +259,45 @@ def test_healthy_sandbox(sandbox, loaded):
     for name in ("peers", "jumbo"):
         for r in range(4):
             c = row(report, r, name)
-            # no ping: not measured; ping but fixture IPs: unreachable; with the fabric IPs as
-            # real addresses on the bridge (MTU 1400): peers answer, the 9000 B DF ping cannot
-            assert (c.status == "warn" and "no `ping` on the rank" in c.value) or \
-                (c.status in ("warn", "fail") and "unreachable" in c.value) or \
-                (c.status == "pass" and name == "peers" and "answer" in c.value), c
-    assert report.ok == ("fail" not in s["peers"] | s["jumbo"])
+            # both cable ends answer (at 9000 B, DF, for jumbo); the far ranks are not routed
+            assert c.status == "warn" and "beyond the ring neighbours, unreachable" in c.value, c
+            neighbours = {(r + 1) % 4, (r - 1) % 4}
+            targets = report_targets(loaded, r)
+            cabled = [t for t in targets if t.kind == "link" and t.peer in neighbours]
+            assert len(cabled) == 2 and c.value.startswith(f"2/{len(targets)} answer"), c
+            for t in targets:
+                listed = f"rank {t.peer} {t.ip}" in c.value.split("unreachable: ", 1)[1]
+                assert listed == (t not in cabled), (c, t)
+    assert report.ok
+
+
+def report_targets(loaded, r):
+    """Rank r's ping targets as check computes them from its own facts."""
+    got = gather.gather_config(loaded=loaded)
+    found = gather.facts_of(got)
+    return check.resolve_peers(check.rank_ping_targets(loaded, r, found[r]), found)
+
+
+def test_a_cut_cable_fails_both_ends(sandbox, loaded):
+    """Pull the cable of ring link 0 (spark1 port 0 <-> spark2 port 1): both ends' peers and jumbo
+    rows fail naming the other end; laying it again (what `sandbox up` does) heals it."""
+    from launcher.sandbox import cluster, links
+
+    client = cluster.connect()
+    pids = {i: cluster._pid(client.containers.get(cluster.container_name(n))) for i, n in enumerate(sandbox.names)}
+    links.cut(pids[0], "enp1s0f0np0")
+    try:
+        report = check.run(loaded, image=sandbox.images["vllm"])
+        assert not report.ok
+        for r, far in ((0, "rank 1 192.168.177.2"), (1, "rank 0 192.168.177.1")):
+            for name in ("peers", "jumbo"):
+                c = row(report, r, name)
+                assert c.status == "fail" and far in c.value.split("unreachable")[1], c
+        assert "cable" in row(report, 0, "peers").fix
+        assert row(report, 2, "peers").status == "warn"  # spark3's own cables are fine
+    finally:
+        assert links.wire(pids, 4) == [0]
+    assert row(check.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "warn"
 
 
 def test_image_missing_on_one_rank_is_named(sandbox, loaded):

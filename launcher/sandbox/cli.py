@@ -30,13 +30,15 @@ def sandbox():
 
 @sandbox.command()
 @state_option
+@click.option("--ranks", type=int, default=None, metavar="N",
+              help="how many ranks (default: $SPARKSTACK_SANDBOX_RANKS, else 4); ranks above N are removed")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @_friendly
-def up(state_dir, as_json):
-    """Create the four ranks (or adopt running ones) and write cluster.yaml."""
+def up(state_dir, ranks, as_json):
+    """Create the ranks (or adopt running ones), cable their ring, and write cluster.yaml."""
     from . import cluster
 
-    result = cluster.up(state_dir, progress=_progress)
+    result = cluster.up(state_dir, progress=_progress, ranks=ranks)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -3,7 +3,8 @@
 What `up` makes (everything labelled ``org.sparkstack.sandbox=1``; `down` removes by that label):
 
 - a bridge network ``sparkstack-sandbox`` (172.31.240.0/24 unless $SPARKSTACK_SANDBOX_SUBNET);
-- four rank containers ``sparkstack-spark1..4`` (hostname spark1..4, addresses .11-.14). The
+- four rank containers ``sparkstack-spark1..4`` (hostname spark1..4, addresses .11-.14; `up --ranks
+  N` makes N, up to 32, for scaling measurements). The
   host reaches them directly on port 22: a local bridge's subnet is routed from the host, so no
   ports are published and nothing can collide with a port already taken on the host;
 - in each rank: ``sshd`` (key login as ``spark``, who has passwordless sudo and is in the docker
@@ -11,7 +12,10 @@ What `up` makes (everything labelled ``org.sparkstack.sandbox=1``; `down` remove
   root accepts the same key) and the rank's OWN ``dockerd`` whose image store is the rank's own
   volume ``sparkstack-sparkN-docker`` -- an image on the host or on one rank is absent on the
   others until shipped;
-- one named volume per rank for that store.
+- one named volume per rank for that store;
+- the ring's fabric cables: a veth pair per link between two ranks' network namespaces, named as
+  the CX7 netdevs, MTU 9000, with the link's /30 addresses (see `links`), so pings on the fabric
+  are real.
 
 Why not ``--privileged``: the Docker engine here runs without CAP_SYS_RESOURCE in its bounding
 set, so runc cannot grant "all capabilities" and every privileged container fails with
@@ -55,7 +59,7 @@ from pathlib import Path
 import yaml
 
 from . import checkpoint as ckpt
-from . import debian_image, fabric
+from . import debian_image, fabric, links
 from . import meminfo as meminfo_mod
 from .errors import SandboxError
 
@@ -66,7 +70,8 @@ STATE_LABEL = "org.sparkstack.sandbox.state"  # the state dir whose keys the ran
 MEMINFO_LABEL = "org.sparkstack.sandbox.meminfo"  # "gb10" (fake Spark meminfo) or "host"
 NETWORK = "sparkstack-sandbox"
 DEFAULT_SUBNET = "172.31.240.0/24"
-N_RANKS = 4
+DEFAULT_RANKS = 4  # a DGX Spark TP4 cluster; `up --ranks N` (or $SPARKSTACK_SANDBOX_RANKS) for more
+MAX_RANKS = 32
 USER = "spark"
 MODEL_PATH = "/models/glm53-sandbox"
 SERVED_NAME = "GLM-5.3-sandbox"
@@ -91,8 +96,25 @@ def subnet() -> ipaddress.IPv4Network:
     return net
 
 
-def rank_names() -> list[str]:
-    return [f"spark{i + 1}" for i in range(N_RANKS)]
+def n_ranks(value: int | None = None) -> int:
+    """How many ranks `up` makes: the argument, else $SPARKSTACK_SANDBOX_RANKS, else 4."""
+    raw = value if value is not None else os.environ.get("SPARKSTACK_SANDBOX_RANKS", DEFAULT_RANKS)
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 2 <= n <= MAX_RANKS:
+        raise SandboxError(f"a sandbox of {raw!r} ranks is not possible",
+                           f"use 2 to {MAX_RANKS} ranks (`sandbox up --ranks 4`)")
+    return n
+
+
+def rank_names(n: int) -> list[str]:
+    return [f"spark{i + 1}" for i in range(n)]
+
+
+def _rank_index(name: str) -> int:
+    return int(name.removeprefix("spark")) - 1
 
 
 def container_name(name: str) -> str:
@@ -184,7 +206,7 @@ def _ensure_keypair(private_path: Path, public_path: Path, comment: str) -> str:
     return public_path.read_text().strip()
 
 
-def prepare_state(state_dir: Path, net: ipaddress.IPv4Network) -> dict:
+def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int) -> dict:
     """Keys, known_hosts, fixtures, checkpoint, patches: everything on the host side."""
     p = paths(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +214,7 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network) -> dict:
     client_pub = _ensure_keypair(p["key"], p["pub"], "sparkstack-sandbox")
     known = []
     truth = {}
-    for i, name in enumerate(rank_names()):
+    for i, name in enumerate(rank_names(n)):
         rdir = p["ranks"] / name
         sshdir = rdir / "ssh"
         host_pub = _ensure_keypair(sshdir / "ssh_host_ed25519_key",
@@ -203,9 +225,9 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network) -> dict:
             auth.write_text(client_pub + "\n")
         kind, blob = host_pub.split()[:2]
         known.append(f"{rank_address(i, net)},{name} {kind} {blob}")
-        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, N_RANKS))
-        (rdir / "ip-addr.json").write_text(json.dumps(fabric.ip_addr_json(i, N_RANKS), indent=2) + "\n")
-        truth[name] = fabric.fabric_truth(i, N_RANKS)
+        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, n))
+        (rdir / "ip-addr.json").write_text(json.dumps(fabric.ip_addr_json(i, n), indent=2) + "\n")
+        truth[name] = fabric.fabric_truth(i, n)
         _write_in_place(rdir / "meminfo", meminfo_mod.meminfo(i))
     _write_if_changed(p["known_hosts"], "\n".join(known) + "\n")
     summary = ckpt.write_checkpoint(p["model"])
@@ -410,6 +432,11 @@ def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _pid(container) -> int:
+    container.reload()
+    return int(container.attrs["State"]["Pid"])
+
+
 def _inner_docker_ok(container) -> bool:
     try:
         res = container.exec_run(["docker", "version", "--format", "{{.Server.Version}}"])
@@ -464,11 +491,11 @@ def _load_into_rank(container, tag: str, tar: Path) -> str:
     return "loaded"
 
 
-def write_cluster_yaml(state_dir: Path, net, base_image: str) -> Path:
+def write_cluster_yaml(state_dir: Path, net, base_image: str, n: int) -> Path:
     p = paths(state_dir)
     ranks = []
-    for i, name in enumerate(rank_names()):
-        t = fabric.fabric_truth(i, N_RANKS)
+    for i, name in enumerate(rank_names(n)):
+        t = fabric.fabric_truth(i, n)
         ranks.append({"name": name, "address": rank_address(i, net), "port": 22, "user": USER,
                       "key": str(p["key"]), "fabric_ips": [t["fabric_ip"]],
                       "sysfs_root": SYSFS_ROOT})
@@ -484,7 +511,7 @@ def write_cluster_yaml(state_dir: Path, net, base_image: str) -> Path:
         "container": {"gpus": None, "devices": [], "nofile": 20000, "memlock": 8 << 20,
                       "shm_size": "1g"},
     }
-    header = ("# Written by `sparkstack sandbox up`: the four sandbox ranks on the local Docker\n"
+    header = (f"# Written by `sparkstack sandbox up`: the {n} sandbox ranks on the local Docker\n"
               "# engine. Use it with `sparkstack -c " + str(p["config"]) + " ...` or\n"
               "# SPARKSTACK_CONFIG. Rewritten on every `sandbox up`.\n")
     _write_if_changed(p["config"], header + yaml.safe_dump(doc, sort_keys=False))
@@ -507,23 +534,43 @@ def _exclusive(progress=print):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def up(state_dir: Path | None = None, progress=print) -> dict:
-    """Create (or adopt) the sandbox; idempotent. Returns what status() returns plus timings."""
+def up(state_dir: Path | None = None, progress=print, ranks: int | None = None) -> dict:
+    """Create (or adopt) the sandbox of `ranks` ranks (see n_ranks); idempotent: ranks beyond
+    that number are removed. Returns what status() returns plus timings."""
+    n = n_ranks(ranks)
     with _exclusive(progress):
-        return _up(state_dir, progress)
+        return _up(state_dir, progress, n)
 
 
-def _up(state_dir: Path | None, progress) -> dict:
+def _remove_extra_ranks(client, n: int) -> list[str]:
+    """Ranks numbered above n (left by an earlier `up --ranks` with more), with their stores."""
+    import docker.errors
+
+    gone = []
+    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        name = (c.labels or {}).get(RANK_LABEL, "")
+        if name.startswith("spark") and _rank_index(name) >= n:
+            c.remove(force=True)
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                client.volumes.get(volume_name(name)).remove(force=True)
+            gone.append(name)
+    return gone
+
+
+def _up(state_dir: Path | None, progress, n: int) -> dict:
     t0 = time.monotonic()
     state_dir = (Path(state_dir) if state_dir else state_dir_default()).expanduser().resolve()
     net = subnet()
     client = connect()
     images = debian_image.ensure_images(client, progress)
-    prepare_state(state_dir, net)
+    prepare_state(state_dir, net, n)
     ensure_network(client, net)
-    names = rank_names()
+    gone = _remove_extra_ranks(client, n)
+    if gone:
+        progress(f"removed {', '.join(gone)} (the sandbox now has {n} ranks)")
+    names = rank_names(n)
     actions = {}
-    with cf.ThreadPoolExecutor(N_RANKS) as pool:
+    with cf.ThreadPoolExecutor(n) as pool:
         futs = {name: pool.submit(_ensure_rank, client, i, name, images["rank"], state_dir, net)
                 for i, name in enumerate(names)}
         containers = {}
@@ -540,12 +587,15 @@ def _up(state_dir: Path | None, progress) -> dict:
         _wait_ready(client, name, rank_address(i, net), deadline)
         return _load_into_rank(containers[name], images["vllm"], tar)
 
-    with cf.ThreadPoolExecutor(N_RANKS) as pool:
+    with cf.ThreadPoolExecutor(n) as pool:
         loads = dict(zip(names, pool.map(ready_and_loaded, enumerate(names))))
     if any(v == "loaded" for v in loads.values()):
-        progress(f"{images['vllm']} loaded into " + ", ".join(n for n, v in loads.items() if v == "loaded"))
-    write_cluster_yaml(state_dir, net, images["vllm"])
-    result = status(state_dir, client=client)
+        progress(f"{images['vllm']} loaded into " + ", ".join(k for k, v in loads.items() if v == "loaded"))
+    laid = links.wire({i: _pid(containers[name]) for i, name in enumerate(names)}, n)
+    if laid:
+        progress(f"fabric: laid ring link(s) {', '.join(map(str, laid))} (veth, MTU {fabric.MTU})")
+    write_cluster_yaml(state_dir, net, images["vllm"], n)
+    result = status(state_dir, client=client, n=n)
     result.update({"images": images, "actions": actions, "seconds": round(time.monotonic() - t0, 1)})
     return result
 
@@ -592,7 +642,7 @@ def _down(state_dir: Path | None, purge: bool) -> dict:
     return removed
 
 
-def status(state_dir: Path | None = None, client=None) -> dict:
+def status(state_dir: Path | None = None, client=None, n: int | None = None) -> dict:
     """{"ranks": [{name, address, port, user, key, docker: running|down}], "config": path}."""
     client = client or connect()
     if not state_dir:
@@ -605,6 +655,11 @@ def status(state_dir: Path | None = None, client=None) -> dict:
     state_dir = Path(state_dir)
     net = subnet()
     p = paths(state_dir)
+    if n is None:  # the ranks that exist, else the number `up` would make
+        existing = [_rank_index(name) + 1 for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+                    if (name := (c.labels or {}).get(RANK_LABEL, "")).startswith("spark")]
+        n = max(existing) if existing else n_ranks()
+    count = n
 
     def one(i_name):
         i, name = i_name
@@ -614,6 +669,6 @@ def status(state_dir: Path | None = None, client=None) -> dict:
         return {"name": name, "address": rank_address(i, net), "port": 22, "user": USER,
                 "key": str(p["key"]), "docker": "running" if ok else "down"}
 
-    with cf.ThreadPoolExecutor(N_RANKS) as pool:
-        ranks = list(pool.map(one, enumerate(rank_names())))
+    with cf.ThreadPoolExecutor(count) as pool:
+        ranks = list(pool.map(one, enumerate(rank_names(count))))
     return {"ranks": ranks, "config": str(p["config"])}

@@ -121,7 +121,7 @@ class FilesStage:
 
 RANK_PACKAGES = (
     "openssh-server", "docker.io", "python3", "iproute2", "procps", "mount", "util-linux",
-    "sudo", "ca-certificates", "iptables", "kmod", "curl", "less",
+    "sudo", "ca-certificates", "iptables", "kmod", "curl", "less", "iputils-ping",
 )
 STANDIN_PACKAGES = ("python3",)
 

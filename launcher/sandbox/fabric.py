@@ -48,7 +48,7 @@ HCAS = [
     ("rocep1s0f1", "enp1s0f1np1", 1, "0000"),
     ("roceP2p1s0f1", "enP2p1s0f1np1", 1, "0002"),
 ]
-# which QSFP port carries the rank's fabric IP (rank index -> port)
+# which QSFP port carries the rank's fabric IP (rank index -> port; port 0 when not listed)
 FABRIC_PORT = {0: 0, 1: 0, 2: 1, 3: 0}
 # ranks whose netdevs carry an extra global IPv6 address (shifts the IPv4 GIDs by two)
 EXTRA_IPV6 = {1, 3}
@@ -159,7 +159,7 @@ def sysfs_tree(rank: int, n: int = N_RANKS) -> dict[str, str]:
 
 def fabric_truth(rank: int, n: int = N_RANKS) -> dict:
     """What a correct probe must conclude for this rank."""
-    port = FABRIC_PORT[rank]
+    port = FABRIC_PORT.get(rank, 0)
     twins = [h for h, _nd, p, _d in HCAS if p == port]
     netdev = next(nd for h, nd, p, d in HCAS if p == port and d == "0000")
     hca = twins[0]

@@ -20,7 +20,7 @@ import paramiko
 import pytest
 import yaml
 
-from launcher.sandbox import cluster, debian_image, fabric
+from launcher.sandbox import cluster, debian_image, fabric, links
 from launcher.sandbox.errors import SandboxError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +57,36 @@ def test_fabric_ring_is_consistent():
             assert port["ip"] != back["ip"]
     # rank 0 and rank 2 are not neighbours in a ring
     assert 2 not in [p["peer_rank"] for p in fabric.fabric_truth(0)["ports"]]
+
+
+def test_ring_cables_join_each_port0_to_the_next_ranks_port1():
+    for n in (2, 4, 16):
+        cables = links.cables(n)
+        assert len(cables) == n
+        for c in cables:
+            assert (c.a.rank, c.b.rank) == (c.link, (c.link + 1) % n)
+            assert (c.a.netdev, c.b.netdev) == ("enp1s0f0np0", "enp1s0f1np1")
+            # the two ends hold the two hosts of the link's /30, as the fixtures say
+            net = ipaddress.IPv4Network(c.a.ip, strict=False)
+            assert net.prefixlen == 30 and ipaddress.IPv4Interface(c.b.ip).network == net
+            assert c.a.ip.split("/")[0] == fabric.port_ip(c.a.rank, 0, n)
+            assert c.b.ip.split("/")[0] == fabric.port_ip(c.b.rank, 1, n)
+            assert net.subnet_of(ipaddress.IPv4Network(links.FABRIC_NET))
+        ends = [(e.rank, e.netdev) for c in cables for e in (c.a, c.b)]
+        assert len(set(ends)) == 2 * n  # every port of every rank cabled once
+
+
+def test_rank_count_is_bounded(monkeypatch):
+    monkeypatch.delenv("SPARKSTACK_SANDBOX_RANKS", raising=False)
+    assert cluster.n_ranks() == 4 and cluster.n_ranks(16) == 16
+    monkeypatch.setenv("SPARKSTACK_SANDBOX_RANKS", "8")
+    assert cluster.n_ranks() == 8
+    for bad in (1, 33):
+        with pytest.raises(SandboxError, match="ranks is not possible"):
+            cluster.n_ranks(bad)
+    monkeypatch.setenv("SPARKSTACK_SANDBOX_RANKS", "many")
+    with pytest.raises(SandboxError, match="'many' ranks"):
+        cluster.n_ranks()
 
 
 def test_fabric_truth_differs_per_rank_as_specified():
@@ -276,6 +306,46 @@ def test_up_again_is_idempotent_and_fast(sandbox):
     assert {c.name: c.id for c in _containers()} == ids_before
     assert elapsed < 15, elapsed
     assert all(r["docker"] == "running" for r in result["ranks"])
+
+
+def test_ring_cables_are_real_netdevs(sandbox):
+    """Each rank's two fabric ports exist as 9000-MTU netdevs with the fixtures' addresses; a
+    don't-fragment 9000 B ping crosses a cable; a non-neighbour's fabric IP is unreachable in
+    the rank (fenced), never routed out through the management network."""
+    for name in sandbox.names:
+        rc, out, _ = sandbox.run(name, "ip -j addr show")
+        shown = {i["ifname"]: i for i in json.loads(out)}
+        for port in sandbox.truth[name]["ports"]:
+            iface = shown[port["netdev"]]
+            assert iface["mtu"] == 9000 and "UP" in iface["flags"]
+            assert f"{port['ip']}/30" in {f"{a['local']}/{a['prefixlen']}" for a in iface["addr_info"]}
+    far = sandbox.truth["spark3"]["ports"][0]["ip"]  # rank 2 is not rank 0's neighbour
+    rc, out, _ = sandbox.run("spark1", "ping -n -c1 -W1 -M do -s 8972 192.168.177.2; "
+                                       f"ip route get {far} 2>&1; true")
+    assert "1 received" in out and "No route to host" in out, out
+
+
+def test_more_ranks_and_back(sandbox):
+    """`up --ranks 5` adds spark5 into the ring (spark4 -> spark5 -> spark1) and into
+    cluster.yaml; `up` with the default 4 removes it and closes the 4-ring again."""
+    try:
+        res = sparkstack("sandbox", "up", "--ranks", "5", "--json", timeout=600)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert [r["name"] for r in doc["ranks"]] == [f"spark{i}" for i in range(1, 6)]
+        assert doc["actions"]["spark5"] == "created"
+        assert {doc["actions"][f"spark{i}"] for i in range(1, 5)} == {"adopted"}
+        assert len(yaml.safe_load(sandbox.config.read_text())["ranks"]) == 5
+        rc, out, _ = sandbox.run("spark4", "ping -n -c1 -W2 192.168.177.14")  # spark5's port 1
+        assert rc == 0, out
+    finally:
+        res = sparkstack("sandbox", "up", "--json", timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert [r["name"] for r in json.loads(res.stdout)["ranks"]] == sandbox.names
+    assert "sparkstack-spark5" not in {c.name for c in _containers()}
+    rc, out, _ = sandbox.run("spark4", "ping -n -c1 -W2 192.168.177.14")  # spark1's port 1 again
+    assert rc == 0, out
+    assert len(yaml.safe_load(sandbox.config.read_text())["ranks"]) == 4
 
 
 def test_status_json_shape(sandbox):
