@@ -15,12 +15,14 @@ answer over real 9000-MTU veth cables; the ranks beyond them are not routed, as 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shlex
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address, ip_interface
+from pathlib import Path
 
 from . import fabric, node_settings
 from .config import Loaded
@@ -40,7 +42,6 @@ DISK_FLOOR = 20 * GIB  # room for a new chain stage and the logs, beyond any ima
 SEED_NOFILE = node_settings.NOFILE
 CAP_SYS_RESOURCE = 24  # lets dockerd raise a container's limits above its own
 PING_WAIT_S = 1
-_PING_WHY = "error|too long|unreachable|not permitted|unknown|invalid"
 _LINK_FINDINGS = ("fabric ip", "link", "speed")
 _ROCE_FINDINGS = ("rdma", "roce gid", "twin", "gid index", "ring ports")
 
@@ -147,25 +148,19 @@ def _fabric_mtu(f: Facts, rf: fabric.RankFabric) -> int | None:
     return iface.mtu if iface else None
 
 
-def extras_command(targets: list[PingTarget]) -> str:
-    """One shell command: every ping in parallel (each at most PING_WAIT_S), then dockerd's CapEff.
-    Prints `<i> <rc> <last line>` per ping, `NOPING` without ping, `CAPEFF <hex>`."""
+PINGER_SOURCE = Path(__file__).with_name("pinger.py")
+
+
+def extras_invocation(targets: list[PingTarget]) -> tuple[str, bytes]:
+    """The second command per rank (launcher/pinger.py on stdin): every ping in parallel (each at
+    most PING_WAIT_S), then dockerd's CapEff. Ping i's plain key is 2i, its DF key 2i + 1."""
     jobs = []
     for i, t in enumerate(targets):
-        for df, args in ((False, ""), (True, f"-M do -s {t.df_size} ")):
-            if df and t.df_size is None:
-                continue
-            key = 2 * i + int(df)
-            # the telling line (local error: message too long, mtu=1400; Destination Host
-            # Unreachable) when there is one, else ping's summary
-            jobs.append(f"( o=$(ping -n -c1 -W{PING_WAIT_S} {args}{shlex.quote(t.ip)} 2>&1); rc=$?; "
-                        f"w=$(printf %s \"$o\" | grep -m1 -iE '{_PING_WHY}' || printf %s \"$o\" | tail -n1); "
-                        f"echo \"{key} $rc $w\" ) &")
-    pings = ("if command -v ping >/dev/null 2>&1; then " + " ".join(jobs) + " wait; "
-             "else echo NOPING; fi; ") if jobs else ""
-    caps = ("pid=$(pgrep -xo dockerd 2>/dev/null) && "
-            "sed -n 's/^CapEff:[[:space:]]*/CAPEFF /p' /proc/$pid/status; true")
-    return pings + caps
+        jobs.append([2 * i, t.ip, None])
+        if t.df_size is not None:
+            jobs.append([2 * i + 1, t.ip, t.df_size])
+    args = {"targets": jobs, "wait_s": PING_WAIT_S}
+    return f"python3 - {shlex.quote(json.dumps(args))}", PINGER_SOURCE.read_bytes()
 
 
 def parse_extras(stdout: str, targets: list[PingTarget]) -> Extras:
@@ -547,7 +542,8 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
         if found.facts is None:
             return found, [], None
         targets = rank_ping_targets(loaded, conn.target.rank, found.facts)
-        result = conn.run(extras_command(targets), timeout=PING_WAIT_S + 10)
+        command, stdin = extras_invocation(targets)
+        result = conn.run(command, stdin=stdin, timeout=PING_WAIT_S + 10)
         extra = parse_extras(result.stdout, targets) if result.ok else Extras({}, error=result.why())
         return found, targets, extra
 

@@ -9,9 +9,8 @@ on the same ranks, and the 16-rank scaling -- measured with the sandbox up
 - check, CLI: `sparkstack check --json` as a fresh process (adds Python's start and imports).
 - ansible: `ansible all -m setup` with an inventory from `launcher.inventory` (fact gathering,
   the comparable job), as a fresh process.
-- 16 ranks: the sandbox has exactly 4 ranks (launcher/sandbox/cluster.py N_RANKS), so the proxy
-  is the same 4 ranks listed 4 times (16 connections, 16 probes and 16 ping rounds in parallel,
-  4 per rank container). Said so in the output.
+- 16 ranks: `sandbox up --ranks 16` (16 rank containers, each its own sshd and dockerd, an
+  16-ring of veth cables), check on all 16 and on the first 4 of them; then back to 4 ranks.
 The host's load average is printed with the numbers: the sandbox shares this host's CPUs.
 """
 
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -49,16 +50,64 @@ def show(label: str, times: list[float]) -> float:
     return med
 
 
-def replicated(loaded, times: int):
-    """The config's ranks listed `times` times: the sandbox cannot make more rank containers.
-    model_copy skips the validators (which would refuse repeated addresses) on purpose."""
-    ranks = list(loaded.cluster.ranks) * times
+def idle_share(seconds: float = 1.0) -> float:
+    """The share of this host's CPU time that was idle over the next `seconds` (/proc/stat)."""
+    def sample():
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return f[3] + f[4], sum(f)
+    i0, t0 = sample()
+    time.sleep(seconds)
+    i1, t1 = sample()
+    return (i1 - i0) / max(1, t1 - t0)
+
+
+def settle(limit_s: float = 180) -> float:
+    """Wait until the new ranks are done starting (the host >= 80% idle), at most limit_s."""
+    deadline = time.monotonic() + limit_s
+    share = idle_share()
+    while share < 0.8 and time.monotonic() < deadline:
+        share = idle_share()
+    return share
+
+
+def first(loaded, n: int):
+    """The config's first n ranks (model_copy: the rank count validators are beside the point)."""
+    ranks = list(loaded.cluster.ranks)[:n]
     return loaded.model_copy(update={"cluster": loaded.cluster.model_copy(update={"ranks": ranks})})
+
+
+def scale(args, loaded4, four: float) -> None:
+    """`sandbox up --ranks N` (N rank containers, each with its own sshd and dockerd, cabled as
+    an N-ring), check on all N and on the first 4 of them, then the sandbox back to 4 ranks."""
+    big = args.big
+    print(f"sandbox up --ranks {big} ...", flush=True)
+    started = time.monotonic()
+    sandbox_cluster.up(progress=lambda m: None, ranks=big)
+    print(f"  ({time.monotonic() - started:.0f} s); host idle {settle():.0%} before measuring")
+    try:
+        # the sandbox profile is TP 4: the N-rank config asks for TP N so that it validates
+        doc = yaml.safe_load(args.config.read_text())
+        doc.setdefault("overrides", {})["engine_args"] = [f"--tensor-parallel-size {big}"]
+        wide = Path(tempfile.mkdtemp()) / f"cluster-{big}.yaml"
+        wide.write_text(yaml.safe_dump(doc))
+        loaded = config.load(wide)
+        assert len(loaded.cluster.ranks) == big
+        check.run(loaded)  # warm
+        n_big = show(f"check, in-process, {big} ranks", timed(lambda: check.run(loaded), args.runs))
+        n_four = show(f"check, in-process, 4 of the {big} ranks", timed(lambda: check.run(first(loaded, 4)), args.runs))
+        print(f"  {big}-rank / 4-rank = {n_big / n_four:.2f} with {big} containers up "
+              f"({n_big / four:.2f} against the 4-rank sandbox); goal <= 1.5")
+        print(f"  load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs: the {big} ranks' probes and "
+              "this host's SSH handshakes share them")
+    finally:
+        sandbox_cluster.up(progress=lambda m: None, ranks=len(loaded4.cluster.ranks))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--big", type=int, default=16, metavar="N",
+                    help="also measure an N-rank sandbox (0: skip); it is put back to 4 ranks after")
     ap.add_argument("--config", type=Path,
                     default=sandbox_cluster.paths(sandbox_cluster.state_dir_default())["config"])
     args = ap.parse_args()
@@ -73,8 +122,8 @@ def main() -> int:
     probe = [c for r in report.ranks for c in r.checks if c.name == "ssh"]
     print(f"  (per-rank probe inside it: {', '.join(c.value.rsplit('probe ', 1)[-1] for c in probe)})")
     cli = [str(ROOT / ".venv/bin/sparkstack"), "check", "-c", str(args.config), "--json"]
-    show(f"check, CLI process, {n} ranks",
-         timed(lambda: subprocess.run(cli, capture_output=True), args.runs))
+    cli_med = show(f"check, CLI process, {n} ranks",
+                   timed(lambda: subprocess.run(cli, capture_output=True), args.runs))
 
     with tempfile.TemporaryDirectory() as tmp:
         inv = Path(tmp) / "inventory.ini"
@@ -90,13 +139,12 @@ def main() -> int:
             ansible = show(f"ansible all -m setup, {n} ranks",
                            timed(lambda: subprocess.run(argv, capture_output=True, env=env), max(3, args.runs // 2)))
     if ansible:
-        print(f"  check is {ansible / four:.1f}x faster than ansible -m setup (goal >= 5x)")
+        print(f"  check is {ansible / four:.1f}x faster than ansible -m setup (goal >= 5x), in-process check")
 
-    big = replicated(loaded, 4)
-    sixteen = show(f"check, in-process, {n} ranks x 4 = {4 * n} probes (proxy)",
-                   timed(lambda: check.run(big), args.runs))
-    print(f"  {4 * n}-probe / {n}-rank = {sixteen / four:.2f} (goal <= 1.5); the sandbox has only "
-          f"{n} rank containers, so this is {n} ranks probed 4x in parallel, not {4 * n} ranks")
+    if ansible:
+        print(f"  CLI vs CLI (both fresh processes): {ansible / cli_med:.1f}x")
+    if args.big:
+        scale(args, loaded, four)
     print(f"goal check <= 1.0 s on {n} ranks: {'met' if four <= 1.0 else 'NOT met'} ({four:.2f} s)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -201,11 +202,13 @@ def test_ring_ping_targets_include_each_cable_far_end(sandbox_config, fabric_fac
     assert (1, "192.168.177.5", "fabric") in mine and (2, "192.168.177.6", "fabric") in mine
 
 
-def test_extras_command_and_parse():
+def test_extras_invocation_and_parse():
     targets = [check.PingTarget(1, "192.168.177.2", "link", 8972), check.PingTarget(2, "192.168.177.6", "fabric", None)]
-    cmd = check.extras_command(targets)
-    assert "ping -n -c1 -W1 -M do -s 8972 192.168.177.2" in cmd and "ping -n -c1 -W1 192.168.177.6" in cmd
-    assert "-s 8972 192.168.177.6" not in cmd
+    command, stdin = check.extras_invocation(targets)
+    assert stdin == check.PINGER_SOURCE.read_bytes()
+    args = json.loads(shlex.split(command)[2])
+    assert args == {"targets": [[0, "192.168.177.2", None], [1, "192.168.177.2", 8972],
+                                [2, "192.168.177.6", None]], "wait_s": 1}
     parsed = check.parse_extras("0 0 rtt min/avg/max/mdev = 0.1/0.1/0.1/0.0 ms\n"
                                 "1 1 ping: local error: message too long, mtu=1400\n"
                                 "2 1 1 packets transmitted, 0 received, 100% packet loss, time 0ms\n"
@@ -215,6 +218,39 @@ def test_extras_command_and_parse():
     assert parsed.dockerd_can_raise is True
     assert check.parse_extras("NOPING\nCAPEFF 00000000a80425fb\n", targets) == \
         check.Extras({}, ping_missing=True, dockerd_can_raise=False)
+
+
+def test_pinger_answers_unroutable_targets_without_a_ping(tmp_path):
+    """The pinger script as it runs on a rank (stdlib only, on stdin): loopback answers, an
+    address this host has no route to is answered by the route lookup alone; with no `ping` on
+    PATH it says NOPING. A stand-in `ping` on PATH records how it was called."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "calls"
+    fake = bindir / "ping"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                    "case \"$*\" in *-M*) echo 'ping: local error: message too long, mtu=1400'; exit 1;; esac\n"
+                    "echo '1 packets transmitted, 1 received, 0% packet loss, time 0ms'\n")
+    fake.chmod(0o755)
+    targets = [check.PingTarget(1, "127.0.0.2", "link", 8972), check.PingTarget(2, "0.0.0.1", "fabric", None)]
+    command, stdin = check.extras_invocation(targets)
+
+    def run(path):
+        # in a network namespace of its own (only loopback, up): nothing else is routed
+        script = f"{shutil.which('ip')} link set lo up && " + command.replace("python3", shlex.quote(sys.executable), 1)
+        done = subprocess.run([shutil.which("unshare"), "-n", "/bin/sh", "-c", script], input=stdin,
+                              capture_output=True, env={"PATH": path}, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return check.parse_extras(done.stdout.decode(), targets)
+
+    got = run(str(bindir))
+    assert got.pings[("127.0.0.2", False)].ok
+    assert got.pings[("127.0.0.2", True)] == check.PingAnswer(False, "ping: local error: message too long, mtu=1400")
+    unroutable = got.pings[("0.0.0.1", False)]  # no route in the namespace: connect() refuses at once
+    assert not unroutable.ok and unroutable.detail.startswith("ping: connect: ")
+    # one ping per routable target and size, none for the unroutable one
+    assert sorted(log.read_text().splitlines()) == ["-n -c1 -W1 -M do -s 8972 127.0.0.2", "-n -c1 -W1 127.0.0.2"]
+    assert run(str(tmp_path / "empty")).ping_missing
 
 
 def test_checkpoint_and_clock_compare_ranks(sandbox_config, fabric_facts):

@@ -83,7 +83,7 @@ def test_docker_image_lookup():
 
 # --- the probe script ---------------------------------------------------------------------------
 
-STDLIB = {"concurrent", "hashlib", "http", "json", "os", "resource", "shutil", "socket", "stat",
+STDLIB = {"hashlib", "json", "os", "resource", "shutil", "socket", "stat", "threading",
           "subprocess", "sys", "time"}
 
 
