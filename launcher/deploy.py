@@ -71,6 +71,8 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
         ids = ship.local_image_ids([image])  # Docker's socket: docker-py is not imported
     except SparkstackError:
         if loaded.profile.image.prebuilt:
+            if _on_every_rank(image, group, say):
+                return  # pulled or loaded on the ranks themselves: nothing to ship from here
             raise
         say(f"building {image}")
         build.build_chain(build.connect(), build.local_chain(loaded))
@@ -84,6 +86,17 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
     if failed:
         raise SparkstackError("cannot put the image on every rank, nothing was started:\n"
                               + "\n".join(r.error or f"rank {r.rank}: failed" for r in failed))
+
+
+def _on_every_rank(image: str, group: Group, say) -> bool:
+    """A prebuilt image absent here is fine when every rank has it under one image ID."""
+    found = ship.rank_image_ids(group, [image])
+    ids = {have.get(image) if have else None for _t, have, _why in found}
+    if len(ids) == 1 and None not in ids:
+        say(f"{image} is not on this host, but every rank has it ({ids.pop().removeprefix('sha256:')[:12]}): "
+            "nothing to ship")
+        return True
+    return False
 
 
 def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAIT_TIMEOUT_S) -> list[str]:

@@ -85,17 +85,27 @@ def _inspect_command(refs: list[str]) -> str:
             f"&& echo \"$r $i\"; done; docker version --format '{{{{.Server.Version}}}}' >/dev/null")
 
 
+def rank_image_ids(group: Group, refs: list[str]) -> list[tuple[object, dict[str, str] | None, str | None]]:
+    """Per rank: (target, {ref: image ID it has}, None) or (target, None, why it could not say)."""
+    answers = group.run(_inspect_command(refs), timeout=30)
+    out = []
+    for result in answers.results:
+        if not result.ok:
+            out.append((result.target, None, _docker_hint(result.why(), result.target.name)))
+        else:
+            out.append((result.target, dict(line.split(" ", 1) for line in result.stdout.splitlines()
+                                            if " " in line), None))
+    return out
+
+
 def make_plan(group: Group, local_ids: dict[str, str]) -> ShipPlan:
     """Which rank lacks which image (pure once the ranks have answered)."""
-    answers = group.run(_inspect_command(list(local_ids)), timeout=30)
     plan = ShipPlan(local_ids)
-    for result in answers.results:
-        target = result.target
+    for target, have, why in rank_image_ids(group, list(local_ids)):
         rank = RankShip(target.rank, target.address, [])
-        if not result.ok:
-            rank.status, rank.error = "failed", _docker_hint(result.why(), target.name)
+        if have is None:
+            rank.status, rank.error = "failed", why
         else:
-            have = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
             rank.images = [ref for ref, image_id in local_ids.items() if have.get(ref) != image_id]
             rank.status = "planned" if rank.images else "up-to-date"
         plan.ranks.append(rank)

@@ -108,3 +108,43 @@ def test_down_twice_leaves_nothing(sandbox, cfg, started):
     assert {r["state"] for r in status["ranks"]} == {"absent"} and not status["api"]["healthy"]
     rc, out, _ = sandbox.run("spark3", "docker ps -aq --filter name=sparkstack-engine")
     assert rc == 0 and out.strip() == ""
+
+
+def test_prebuilt_image_only_on_the_ranks(sandbox, cfg, started, tmp_path):
+    """A prebuilt profile whose image the ranks have (pulled there) but this host does not:
+    `up` starts it without building or shipping anything."""
+    import subprocess
+
+    tag = "sparkstack-test/prebuilt:ranks-only"
+    base = sandbox.images["vllm"]
+    assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    prof = yaml.safe_load(open("env/profiles/sandbox.yaml"))
+    prof["image"] = {"prebuilt": tag}
+    (profiles / "ranks-only.yaml").write_text(yaml.safe_dump(prof))
+    data = yaml.safe_load(open(cfg))
+    data.update(profile="ranks-only", profiles_dir=str(profiles))
+    data.setdefault("images", {}).pop("base", None)
+    custom = tmp_path / "cluster.yaml"
+    custom.write_text(yaml.safe_dump(data))
+    try:
+        for name in sandbox.names:
+            assert sandbox.run(name, f"docker tag {base} {tag}")[0] == 0
+        result = cli("up", "-c", str(custom))
+        assert result.exit_code == 0, result.output
+        assert "is not on this host, but every rank has it" in result.output
+        assert "shipped" not in result.output and "building" not in result.output
+        assert record(sandbox, "spark2")["argv"][:2] == ["serve", "/models/glm53-sandbox"]
+        # one rank without it: refused before anything starts, with the original advice
+        assert cli("down", "-c", str(custom)).exit_code == 0
+        assert sandbox.run("spark4", f"docker rmi {tag}")[0] == 0
+        refused = cli("up", "-c", str(custom))
+        assert refused.exit_code != 0 and f"image {tag} is not on this host" in refused.output
+        status = json.loads(cli("status", "-c", cfg, "--json").stdout)
+        assert {r["state"] for r in status["ranks"]} == {"absent"}
+    finally:
+        cli("down", "-c", str(custom))
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi {tag} >/dev/null 2>&1; true")
+        assert cli("up", "-c", cfg).exit_code == 0
