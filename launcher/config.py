@@ -26,6 +26,9 @@ UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
 class SshSettings(Strict):
     known_hosts: UserPath | None = None  # default: ~/.ssh/known_hosts
     connect_timeout_s: PositiveInt = 10
+    # a rank that acknowledges nothing for this long mid-command is declared lost (cut cable,
+    # power): the command fails naming it instead of waiting for its own timeout
+    dead_after_s: PositiveInt = 30
 
 
 class Rank(Strict):

@@ -32,6 +32,7 @@ from .errors import SparkstackError
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
 KEEPALIVE_S = 15
+DEAD_AFTER_S = 30  # a rank that acknowledges nothing for this long is lost (cable, power, kernel)
 
 # paramiko's transport thread logs every failed handshake with a traceback; with no handler
 # configured Python would print those to the terminal. Our own messages say what failed.
@@ -160,8 +161,9 @@ class Connection:
 
     def __init__(self, target: Target, known_hosts: Path = DEFAULT_KNOWN_HOSTS, *,
                  trust_new: bool = False, timeout: float = 10.0, attempts: int = 4,
-                 say: Callable[[str], None] | None = None):
+                 dead_after: float = DEAD_AFTER_S, say: Callable[[str], None] | None = None):
         self.target = target
+        self.dead_after = dead_after
         self.known_hosts = known_hosts
         self.trust_new = trust_new
         self.timeout = timeout
@@ -201,8 +203,17 @@ class Connection:
         client.connect(t.address, port=t.port, username=t.user, pkey=pkey,
                        timeout=self.timeout, banner_timeout=self.timeout, auth_timeout=self.timeout,
                        sock=self._jump_channel(), allow_agent=pkey is None, look_for_keys=pkey is None)
-        client.get_transport().set_keepalive(KEEPALIVE_S)
+        self._detect_dead_peer(client.get_transport())
         return client
+
+    def _detect_dead_peer(self, transport: paramiko.Transport) -> None:
+        """A cut cable or a powered-off rank sends no FIN: without this a command waits for its
+        own timeout (an hour for a pull). Keepalives make traffic; TCP_USER_TIMEOUT makes the
+        kernel drop a connection whose data goes unacknowledged for `dead_after` seconds."""
+        transport.set_keepalive(max(1, min(KEEPALIVE_S, int(self.dead_after // 3))))
+        sock = transport.sock
+        if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(self.dead_after * 1000))
 
     def _jump_channel(self):
         """A direct-tcpip channel through the jump host, verified like any other host."""
@@ -341,6 +352,8 @@ class Connection:
             if channel.exit_status_ready() and channel.eof_received and not (
                     channel.recv_ready() or channel.recv_stderr_ready()):
                 return channel.recv_exit_status(), bytes(out), bytes(err)
+            if not channel.get_transport().is_active() or (channel.closed and channel.exit_status == -1):
+                raise EOFError("the SSH connection dropped before the command finished")
             if time.monotonic() > deadline:
                 channel.close()
                 raise TimeoutError(f"`{_short(command)}` did not finish within {timeout:.0f} s")
@@ -385,10 +398,13 @@ def _pump(channel: paramiko.Channel, sock: socket.socket, counter: ByteCounter) 
                     return
                 ends[source].sendall(data)
                 counter.add(len(data))
-    except (OSError, paramiko.SSHException):
+    except (OSError, EOFError, paramiko.SSHException):
         pass
     finally:
-        channel.close()
+        try:
+            channel.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the connection is already gone: the command's own result says so
         sock.close()
 
 
@@ -410,6 +426,7 @@ class Group:
     def for_cluster(cls, cluster, **kw) -> "Group":
         """The config's ranks, its known_hosts (else ~/.ssh/known_hosts) and connect timeout."""
         kw.setdefault("timeout", float(cluster.ssh.connect_timeout_s))
+        kw.setdefault("dead_after", float(cluster.ssh.dead_after_s))
         return cls.from_targets(targets_from_config(cluster), cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS, **kw)
 
     def each(self, action: Callable[[Connection], Result]) -> GroupResult:

@@ -2,6 +2,8 @@
 
 import io
 import json
+import subprocess
+import threading
 import time
 import uuid
 
@@ -107,6 +109,130 @@ def _restart_dockerd(client, container: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"dockerd did not come back in {container}")
+
+
+# --- faults mid-ship: the victim fails alone, named, untagged; a re-ship completes ------------
+
+def throttle(client, container: str, rate: str = "40mbit"):
+    """Slow what reaches the rank (the host end of its veth, tbf): a 24 MB layer then takes ~5 s,
+    so a fault can land mid-transfer. Returns the undo."""
+    # the interface of the default route: eth0, or eth1 after a disconnect and reconnect
+    idx = client.containers.get(container).exec_run(
+        ["sh", "-c", "cat /sys/class/net/$(ip -o -4 route show default | awk '{print $5}')/iflink"]
+    ).output.decode().strip()
+    dev = next(line.split(": ")[1].split("@")[0] for line in subprocess.run(
+        ["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout.splitlines()
+        if line.split(": ")[0] == idx)
+    subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "64kb",
+                    "latency", "400ms"], check=True)
+    return lambda: subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+
+
+def ship_with_fault(group, client, ref, victim: str, fault, after_s: float = 1.0):
+    """Ship `ref` to every rank; once the victim's `docker pull` has run `after_s`, do `fault`."""
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(plan=ship_refs(group, client, [ref])))
+    c = client.containers.get(victim)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while c.exec_run("pgrep -f 'docker pull'").exit_code != 0:
+        assert time.monotonic() < deadline and worker.is_alive(), "the victim never started pulling"
+        time.sleep(0.1)
+    time.sleep(after_s)
+    fault(c)
+    worker.join(timeout=300)
+    assert not worker.is_alive(), "ship did not end after the fault"
+    return {r.rank: r for r in result["plan"].ranks}
+
+
+def reship_completes(sandbox, group, client, ref, victim_rank: int, layer: int):
+    """After the fault is cleared: only the victim moves, and no more than the layer (x1.1)."""
+    plan = ship_refs(group, client, [ref])
+    assert [r.status for r in plan.ranks] == ["shipped" if r.rank == victim_rank else "up-to-date"
+                                              for r in plan.ranks], [r.error for r in plan.ranks]
+    moved = plan.ranks[victim_rank].bytes
+    assert moved <= 1.1 * layer + 200_000, f"re-ship moved {moved} B for a {layer} B layer"
+    assert rank_image_id(sandbox, sandbox.names[victim_rank], ref) == client.images.get(ref).id
+
+
+@pytest.fixture
+def big(sandbox, client, images):
+    """A fresh 24 MB random layer over the shipped base: the thing in flight when faults land."""
+    ref = build_on(client, images[0], f"big{uuid.uuid4().hex[:4]}", 24_000_000)
+    layer = client.images.get(ref).history()[0]["Size"] or client.images.get(ref).history()[1]["Size"]
+    base_plan = ship_refs(group_of(sandbox), client, [images[0]])  # every rank has the base
+    assert all(r.status != "failed" for r in base_plan.ranks)
+    yield ref, layer
+    client.images.remove(ref, force=True)
+    for name in sandbox.names:
+        sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
+
+
+def group_of(sandbox, dead_after: float = 30):
+    from launcher import config
+    from launcher.remote import Group
+
+    return Group.for_cluster(config.load(sandbox.config).cluster, attempts=1, dead_after=dead_after,
+                             say=lambda line: None)
+
+
+def test_sshd_killed_mid_ship(sandbox, client, big):
+    ref, layer = big
+    undo = throttle(client, "sparkstack-spark2")
+    try:
+        with group_of(sandbox) as group:
+            # the rank's sshd sessions die (the listener stays, as after `systemctl restart ssh`)
+            by_rank = ship_with_fault(group, client, ref, "sparkstack-spark2",
+                                      lambda c: c.exec_run(["pkill", "-f", "sshd: spark"]))
+    finally:
+        undo()
+    assert [by_rank[i].status for i in (0, 2, 3)] == ["shipped"] * 3
+    assert by_rank[1].status == "failed" and by_rank[1].error.startswith("rank 1 (spark2): connection lost")
+    assert "re-run when the rank is back" in by_rank[1].error
+    assert rank_image_id(sandbox, "spark2", ref) is None  # no partial tag
+    with group_of(sandbox) as group:
+        reship_completes(sandbox, group, client, ref, 1, layer)
+
+
+def test_network_cut_mid_ship(sandbox, client, big):
+    """The rank vanishes from the network (no FIN, no RST): declared lost after dead_after_s."""
+    ref, layer = big
+    victim, address = "sparkstack-spark3", sandbox.rank("spark3")["address"]
+    net = client.networks.get("sparkstack-sandbox")
+    undo = throttle(client, victim)
+    started = time.monotonic()
+    try:
+        with group_of(sandbox, dead_after=6) as group:
+            by_rank = ship_with_fault(group, client, ref, victim, lambda c: net.disconnect(c, force=True))
+        took = time.monotonic() - started
+    finally:
+        undo()
+        net.connect(victim, ipv4_address=address)
+    assert [by_rank[i].status for i in (0, 1, 3)] == ["shipped"] * 3
+    assert by_rank[2].status == "failed" and by_rank[2].error.startswith("rank 2 (spark3): connection lost")
+    assert took < 60, f"the cut took {took:.0f} s to notice"
+    assert rank_image_id(sandbox, "spark3", ref) is None
+    with group_of(sandbox) as group:
+        reship_completes(sandbox, group, client, ref, 2, layer)
+
+
+def test_disk_full_mid_ship(sandbox, client, big):
+    """Docker downloads into <root>/tmp first: a 4 MB filesystem there fills mid-layer."""
+    ref, layer = big
+    victim = client.containers.get("sparkstack-spark4")
+    assert victim.exec_run("mount -t tmpfs -o size=4m sandbox-full /var/lib/docker/tmp").exit_code == 0
+    try:
+        with group_of(sandbox) as group:
+            plan = ship_refs(group, client, [ref])
+    finally:
+        victim.exec_run("umount /var/lib/docker/tmp")
+    by_rank = {r.rank: r for r in plan.ranks}
+    assert [by_rank[i].status for i in (0, 1, 2)] == ["shipped"] * 3
+    assert by_rank[3].status == "failed" and by_rank[3].error.startswith("rank 3 (spark4): disk full")
+    assert "docker image prune, or grow the disk" in by_rank[3].error
+    assert rank_image_id(sandbox, "spark4", ref) is None
+    with group_of(sandbox) as group:
+        reship_completes(sandbox, group, client, ref, 3, layer)
 
 
 def test_cli_json_and_dry_run(sandbox, images):
