@@ -94,6 +94,9 @@ class Cluster(Strict):
     profile: str
     topology: Literal["switch", "ring"]
     rendezvous: str | None = None  # address of rank 0 every rank reaches; see plan.rendezvous
+    # how the ranks form one vLLM: its native multi-node (--nnodes ...) or a Ray cluster (head on
+    # rank 0, workers join; the image must have `ray`)
+    multinode: Literal["native", "ray"] = "native"
     ssh: SshSettings = SshSettings()
     ranks: list[Rank] = Field(min_length=1)
     model: ModelSettings

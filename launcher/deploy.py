@@ -46,10 +46,11 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
     else:
         report.changed = True
         _ensure_images(loaded, the_plan.image, group, report, say)
+        ray = loaded.cluster.multinode == "ray"
         if loaded.profile.engine == "vllm" and len(the_plan.ranks) > 1:
-            serve.require_native_multinode(group.connections[0], the_plan.image)
-        say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks")
-        serve.start(the_plan, group, say=say)
+            serve.require_multinode(group.connections[0], the_plan.image, loaded.cluster.multinode)
+        say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks" + (" (Ray)" if ray else ""))
+        serve.start(the_plan, group, say=say, head_first=ray)
         report.steps.append("started every rank")
     say("waiting for the API")
     try:

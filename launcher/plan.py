@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import fabric, kv, vllm_flags
+from . import engine, fabric, kv, vllm_flags
 from .checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
 from .config import Loaded, Rank
 from .errors import PlanRefused
@@ -336,20 +336,26 @@ def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list
              "--label", f"org.sparkstack.rank={r}"]
     for key in sorted(env):
         argv += ["-e", f"{key}={env[key]}"]
-    return argv + [image, *loaded.profile.command]
+    return argv + [image]
 
 
 def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag]) -> list[str]:
+    """The container's command after the image, from templates/engine (launcher/engine.py)."""
     cluster, profile = loaded.cluster, loaded.profile
-    if profile.engine != "vllm":
-        return []  # the prebuilt image's entrypoint is the engine; it reads its env knobs
-    F = vllm_flags.Flag
-    served = cluster.model.served_name or profile.served_name
-    port = cluster.overrides.api_port or profile.api_port
-    managed = [F("--served-model-name", (served,)), F("--port", (str(port),))]
-    if len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
-        managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
-                    F("--master-addr", (rendezvous(loaded),))]
-        if r > 0:
-            managed.append(F("--headless"))
-    return [cluster.model.path, *vllm_flags.render(vllm_flags.merge(flags, managed))]
+    args: list[str] = []
+    if profile.engine == "vllm":
+        F = vllm_flags.Flag
+        served = cluster.model.served_name or profile.served_name
+        port = cluster.overrides.api_port or profile.api_port
+        managed = [F("--served-model-name", (served,)), F("--port", (str(port),))]
+        if len(cluster.ranks) > 1 and cluster.multinode == "ray":  # workers join rank 0's Ray head
+            managed.append(F("--distributed-executor-backend", ("ray",)))
+        elif len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
+            managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
+                        F("--master-addr", (rendezvous(loaded),))]
+            if r > 0:
+                managed.append(F("--headless"))
+        args = vllm_flags.render(vllm_flags.merge(flags, managed))
+    return engine.command(profile.engine, cluster.multinode, rank=r, n_ranks=len(cluster.ranks),
+                          model=cluster.model.path, args=args, host_ip=_host_ip(loaded, cluster.ranks[r]),
+                          head=rendezvous(loaded))

@@ -19,9 +19,6 @@ from .errors import ConfigError, load_yaml_model
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "env" / "profiles"
 
-ENGINE_COMMANDS = {"vllm": ["vllm", "serve"], "tensorfold": []}
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -80,10 +77,6 @@ class Profile(Strict):
     kv: KvRule
     defaults: Defaults
     bench: BenchDefaults = BenchDefaults()
-
-    @property
-    def command(self) -> list[str]:
-        return ENGINE_COMMANDS[self.engine]
 
     def flags(self) -> list[vllm_flags.Flag]:
         return vllm_flags.parse(vllm_flags.split_lines(self.args), frozenset(self.plugin_flags))

@@ -175,12 +175,18 @@ class Connection:
 
     # -- connecting --------------------------------------------------------------------------
     def open(self) -> "Connection":
+        if self.client is not None and not self._alive():
+            self.close()  # dropped since the last command (a reboot, a cut): connect afresh
         if self.client is None:
             try:
                 self.client = self._connect_with_retries()
             except Exception as e:  # every cause becomes one message naming rank and fix
                 raise RemoteError(self._explain(e)) from None
         return self
+
+    def _alive(self) -> bool:
+        transport = self.client.get_transport() if self.client else None
+        return transport is not None and transport.is_active()
 
     def _connect_with_retries(self) -> paramiko.SSHClient:
         def announce(state: RetryCallState) -> None:

@@ -124,6 +124,18 @@ def engine_version(conn: Connection, image: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in match.groups()) if match else None
 
 
+def require_multinode(conn: Connection, image: str, multinode: str) -> None:
+    """Refuse, before anything starts, an image that cannot run the chosen multi-node mode."""
+    if multinode == "ray":
+        r = conn.run(f"docker run --rm --network none {shlex.quote(image)} ray --version", timeout=300)
+        if not r.ok:
+            raise StartFailed(f"{conn.target.name}: {image} has no Ray (`ray --version` in the image: "
+                              f"{r.why()}); multinode: ray needs an image with Ray installed, or use "
+                              "multinode: native")
+        return
+    require_native_multinode(conn, image)
+
+
 def require_native_multinode(conn: Connection, image: str) -> None:
     version = engine_version(conn, image)
     if version is None:
@@ -135,10 +147,11 @@ def require_native_multinode(conn: Connection, image: str) -> None:
                           f"(--nnodes/--node-rank/--master-addr) needs {need} or newer; use a newer image")
 
 
-def start(plan: Plan, group: Group, say=print) -> list[RankState]:
-    """Workers first (ranks 1..n-1, headless), then the head (rank 0). Any failure stops every
-    rank and raises StartFailed with each failed rank's diagnosis. A rank that dies later, while
-    the model loads, is caught by `watch` (called while waiting for the API)."""
+def start(plan: Plan, group: Group, say=print, head_first: bool = False) -> list[RankState]:
+    """Workers first (ranks 1..n-1, headless), then the head (rank 0) -- or, for Ray
+    (`head_first`), the head and then the workers that join it. Any failure stops every rank
+    and raises StartFailed with each failed rank's diagnosis. A rank that dies later, while the
+    model loads, is caught by `watch` (called while waiting for the API)."""
     by_rank = {c.target.rank: c for c in group.connections}
     leftovers = stop(group)
     if leftovers:
@@ -146,7 +159,8 @@ def start(plan: Plan, group: Group, say=print) -> list[RankState]:
                           + "\n".join(f"{r.target.name}: {r.why()}" for r in leftovers))
     workers = [r for r in plan.ranks if r.rank != 0]
     head = [r for r in plan.ranks if r.rank == 0]
-    for batch, what in ((workers, "workers"), (head, "head")):
+    order = ((head, "head"), (workers, "workers")) if head_first else ((workers, "workers"), (head, "head"))
+    for batch, what in order:
         if not batch:
             continue
         say(f"starting {what}: " + ", ".join(by_rank[r.rank].target.name for r in batch))

@@ -59,8 +59,15 @@ class SandboxHandle:
         return cli
 
     def run(self, name: str, command: str, timeout: float = 60, user: str | None = None):
-        """(exit code, stdout, stderr) of a shell command on the rank."""
-        _stdin, stdout, stderr = self.ssh(name, user).exec_command(command, timeout=timeout)
+        """(exit code, stdout, stderr) of a shell command on the rank. A cached connection a
+        fault test broke (cut network, killed sshd) is replaced once."""
+        import paramiko
+
+        try:
+            _stdin, stdout, stderr = self.ssh(name, user).exec_command(command, timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError):
+            self._clients.pop((name, user or self.rank(name)["user"]), None)
+            _stdin, stdout, stderr = self.ssh(name, user).exec_command(command, timeout=timeout)
         out = stdout.read().decode()
         err = stderr.read().decode()
         return stdout.channel.recv_exit_status(), out, err

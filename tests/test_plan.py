@@ -80,7 +80,7 @@ def test_multi_node_flags_per_rank(write_config):
     data = plan_json(write_config())
     for r, rank in enumerate(data["ranks"]):
         engine = rank["engine"]
-        assert engine[0] == "/models/keys-GLM-5.3-EXL3"
+        assert engine[:3] == ["vllm", "serve", "/models/keys-GLM-5.3-EXL3"]  # templates/engine/vllm.j2
         assert engine[engine.index("--node-rank") + 1] == str(r)
         assert engine[engine.index("--nnodes") + 1] == "4"
         assert engine[engine.index("--master-addr") + 1] == "10.0.0.11"  # ring: management address
@@ -88,8 +88,26 @@ def test_multi_node_flags_per_rank(write_config):
         assert engine[engine.index("--kv-cache-memory-bytes") + 1] == str(data["kv"]["kv_cache_memory_bytes"])
         run = rank["docker_run"]
         assert "nofile=1048576:1048576" in run and "memlock=-1:-1" in run
-        assert run[-3:] == ["sparkstack/keys:unbuilt", "vllm", "serve"]
+        assert run[-1] == "sparkstack/keys:unbuilt"
         assert rank["env"]["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"
+
+
+def test_ray_head_then_workers(write_config):
+    """multinode: ray -- rank 0 starts the Ray head and then `vllm serve` with the Ray executor;
+    ranks 1-3 join the head at rank 0's rendezvous address and block. No --nnodes family."""
+    data = plan_json(write_config(lambda d: d.update(multinode="ray")))
+    head = data["ranks"][0]["engine"]
+    assert head[:2] == ["sh", "-c"] and len(head) == 3
+    line = shlex.split(head[2])
+    assert line[:5] == ["ray", "start", "--head", "--port=6379", "--node-ip-address=10.0.0.11"]
+    served = line[line.index("&&") + 1:]
+    assert served[:4] == ["exec", "vllm", "serve", "/models/keys-GLM-5.3-EXL3"]
+    assert served[served.index("--distributed-executor-backend") + 1] == "ray"
+    assert served[served.index("--kv-cache-memory-bytes") + 1] == str(data["kv"]["kv_cache_memory_bytes"])
+    assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(served)
+    for r in (1, 2, 3):
+        assert data["ranks"][r]["engine"] == ["ray", "start", "--block", "--address=10.0.0.11:6379",
+                                              f"--node-ip-address=10.0.0.1{r + 1}"]
 
 
 def test_switch_uses_fabric_ips_and_no_ring_settings(write_config):

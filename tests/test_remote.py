@@ -2,6 +2,7 @@
 
 import http.server
 import threading
+import time
 from pathlib import Path
 
 import paramiko
@@ -158,3 +159,18 @@ def test_reverse_forward_carries_and_counts_bytes(group):
         conn.cancel_forward(port)
     finally:
         server.shutdown()
+
+
+def test_a_connection_dropped_between_commands_reconnects(sandbox):
+    """sshd's session for our connection dies between two commands (the rank's sshd restarted,
+    a reboot): the next command connects afresh instead of failing."""
+    with remote.Group.for_cluster(config.load(sandbox.config).cluster, attempts=1, say=lambda m: None) as g:
+        conn = g.connections[1]
+        first = conn.run("echo $PPID")
+        assert first.ok
+        sandbox.run("spark2", f"sudo kill {int(first.stdout)}; true", user="spark")  # the session's sshd
+        deadline = time.monotonic() + 10
+        while conn.client.get_transport().is_active() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        again = conn.run("echo back")
+        assert again.ok and again.stdout.strip() == "back", again.error

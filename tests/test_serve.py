@@ -1,6 +1,7 @@
 """`up`, `status`, `logs`, `down` on the sandbox: what each rank's engine was really started with."""
 
 import json
+import time
 
 import pytest
 import yaml
@@ -51,7 +52,7 @@ def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
         assert ("--headless" in argv) == (r > 0)
         assert rec["mode"] == ("headless" if r else "api")
         assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(plan["kv"]["kv_cache_memory_bytes"])
-        assert argv[1:] == plan["ranks"][r]["engine"]
+        assert ["vllm", *argv] == plan["ranks"][r]["engine"]  # templates/engine/vllm.j2
         for key, value in plan["ranks"][r]["env"].items():
             assert rec["env"][key] == value
         # its own fabric pins, from its own sysfs (spark3's fabric IP sits on the second port)
@@ -147,4 +148,46 @@ def test_prebuilt_image_only_on_the_ranks(sandbox, cfg, started, tmp_path):
         cli("down", "-c", str(custom))
         for name in sandbox.names:
             sandbox.run(name, f"docker rmi {tag} >/dev/null 2>&1; true")
+        assert cli("up", "-c", cfg).exit_code == 0
+
+
+def test_ray_mode_head_then_workers(sandbox, cfg, started, tmp_path):
+    """multinode: ray -- rank 0 runs the Ray head and `vllm serve` on the Ray executor, which
+    waits for all four nodes; ranks 1-3 join rank 0's head. A worker that dies takes its
+    container with it and `status` shows it."""
+    data = yaml.safe_load(open(cfg))
+    data["multinode"] = "ray"
+    ray_cfg = tmp_path / "cluster.yaml"
+    ray_cfg.write_text(yaml.safe_dump(data))
+    head = sandbox.rank("spark1")["address"]
+    try:
+        result = cli("up", "-c", str(ray_cfg))
+        assert result.exit_code == 0, result.output
+        assert "(Ray)" in result.output
+        rec = record(sandbox, "spark1")
+        argv = rec["argv"]
+        assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+        assert "--nnodes" not in argv and "--headless" not in argv
+        logs = sandbox.run("spark1", "docker logs sparkstack-engine 2>&1")[1]
+        assert "Ray cluster at 127.0.0.1:6379: 4 nodes; placement group of 4 ready" in logs
+        for r, name in enumerate(sandbox.names):
+            rc, out, _ = sandbox.run(name, "docker exec sparkstack-engine cat /var/log/sandbox-vllm/ray.json")
+            ray = json.loads(out)
+            assert ray["role"] == ("head" if r == 0 else "worker")
+            assert ray["address"] == f"{head}:6379"  # the head's own, and where each worker joins
+            assert ray["env"]["NCCL_SOCKET_IFNAME"] == "=" + sandbox.truth[name]["netdev"]
+        # the same config again: nothing changes
+        again = cli("up", "-c", str(ray_cfg))
+        assert again.exit_code == 0 and "already running as planned" in again.output
+        # the head goes away: every worker's `ray start --block` ends, and its container with it
+        sandbox.run("spark1", "docker rm -f sparkstack-engine")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            states = {r["rank"]: r["state"] for r in json.loads(cli("status", "-c", str(ray_cfg), "--json").stdout)["ranks"]}
+            if all(states[r] == "exited" for r in (1, 2, 3)):
+                break
+            time.sleep(0.5)
+        assert states == {0: "absent", 1: "exited", 2: "exited", 3: "exited"}, states
+    finally:
+        cli("down", "-c", str(ray_cfg))
         assert cli("up", "-c", cfg).exit_code == 0

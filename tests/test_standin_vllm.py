@@ -374,3 +374,51 @@ def test_code_task_is_not_mistaken_for_a_needle():
     assert m.find_needle(asks) is None
     tokens, finish = m.plan_tokens({"messages": asks, "max_tokens": 50})
     assert len(tokens) == 50 and finish == "length"
+
+
+# ---------------------------------------------------------------- the Ray stand-in
+
+RAY = ROOT / "launcher" / "sandbox" / "standin_ray.py"
+
+
+def test_ray_head_workers_and_a_waiting_vllm(tmp_path):
+    """`ray start --head` returns with the head up; workers join and block; `vllm serve
+    --distributed-executor-backend ray` waits for TP nodes, then serves; a worker whose head
+    goes away exits 1 (its container would end with it)."""
+    port = free_port()
+    pidfile = tmp_path / "head.pid"
+    env = {**os.environ, "SANDBOX_RAY_RECORD": str(tmp_path / "ray.json"), "SANDBOX_RAY_HEAD_PIDFILE": str(pidfile),
+           "SANDBOX_RAY_HEAD_LOG": str(tmp_path / "head.log")}
+    head = subprocess.run([sys.executable, str(RAY), "start", "--head", f"--port={port}",
+                           "--node-ip-address=127.0.0.1"], env=env, capture_output=True, text=True, timeout=30)
+    assert head.returncode == 0 and "Ray runtime started" in head.stderr, head.stderr
+    assert json.loads((tmp_path / "ray.json").read_text())["role"] == "head"
+    workers = []
+    try:
+        server = Standin(tmp_path, ["--tensor-parallel-size", "3", "--distributed-executor-backend", "ray"],
+                         {"RAY_ADDRESS": f"127.0.0.1:{port}", "SANDBOX_RAY_WAIT_S": "20"})
+        for i in (2, 3):
+            wenv = {**env, "SANDBOX_RAY_RECORD": str(tmp_path / f"ray{i}.json")}
+            workers.append(subprocess.Popen([sys.executable, str(RAY), "start", "--block",
+                                             f"--address=127.0.0.1:{port}", f"--node-ip-address=127.0.0.{i}"],
+                                            env=wenv, stderr=subprocess.PIPE, text=True))
+        server.wait_healthy()
+        assert "Ray cluster at 127.0.0.1:%d: 3 nodes; placement group of 3 ready" % port in server.stderr
+        assert json.loads((tmp_path / "ray2.json").read_text())["address"] == f"127.0.0.1:{port}"
+        assert server.stop() == 0
+    finally:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)  # the head goes away
+    for w in workers:
+        assert w.wait(timeout=10) == 1 and "the Ray head went away" in w.stderr.read()
+
+
+def test_vllm_on_ray_gives_up_without_enough_nodes(tmp_path):
+    out = run_once(tmp_path, ["--tensor-parallel-size", "4", "--distributed-executor-backend", "ray"],
+                   {"RAY_ADDRESS": f"127.0.0.1:{free_port()}", "SANDBOX_RAY_WAIT_S": "1"})
+    assert out.returncode == 1 and "has 0 of the 4 nodes the placement group needs" in out.stderr
+
+
+def test_ray_version_and_usage(tmp_path):
+    done = subprocess.run([sys.executable, str(RAY), "--version"], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0 and done.stdout.startswith("ray, version ")
+    assert subprocess.run([sys.executable, str(RAY), "status"], capture_output=True, timeout=10).returncode == 2

@@ -200,11 +200,12 @@ CMD ["/usr/local/sbin/sandbox-rank-init"]
 
 STANDIN_DOCKERFILE = """FROM {parent}
 COPY vllm /usr/local/bin/vllm
+COPY ray /usr/local/bin/ray
 COPY serve-flags.json /usr/share/sandbox-vllm/serve-flags.json
 COPY site-packages/ /usr/lib/python3/dist-packages/
 LABEL org.sparkstack.sandbox="1" org.sparkstack.standin="vllm" \\
       org.opencontainers.image.title="sandbox-vllm" \\
-      org.opencontainers.image.description="STAND-IN for vLLM (sparkstack sandbox): parses vllm serve argv, serves a fake OpenAI API; not vLLM"
+      org.opencontainers.image.description="STAND-IN for vLLM and the ray CLI (sparkstack sandbox): parses vllm serve argv, serves a fake OpenAI API; not vLLM, not Ray"
 ENV SANDBOX_VLLM_STANDIN=1
 """
 
@@ -271,9 +272,10 @@ def standin_stage() -> FilesStage:
                                "restore it from the repository (shared/ must sit next to the "
                                "checkout, or set SPARKSTACK_SHARED)")
     return FilesStage("sandbox-vllm", STANDIN_FS, STANDIN_DOCKERFILE,
-                      {"vllm": prog.read_bytes(), "serve-flags.json": flags.read_bytes(),
+                      {"vllm": prog.read_bytes(), "ray": (HERE / "standin_ray.py").read_bytes(),
+                       "serve-flags.json": flags.read_bytes(),
                        **{f"site-packages/{k}": v for k, v in STANDIN_PACKAGE.items()}},
-                      {"vllm": 0o755})
+                      {"vllm": 0o755, "ray": 0o755})
 
 
 # ---------------------------------------------------------------------------------------------

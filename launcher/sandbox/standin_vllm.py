@@ -33,6 +33,9 @@ Environment knobs (all optional):
                                     default 0.9) above it, like vLLM's free-memory startup guard
   SANDBOX_VLLM_MIN_NOFILE           if set, refuse (exit 1) a soft RLIMIT_NOFILE below it, like
                                     NCCL's "Too many open files" at 4 ranks
+  SANDBOX_RAY_WAIT_S                with --distributed-executor-backend ray: how long to wait for
+                                    TP x PP nodes at the (stand-in) Ray head (60), as vLLM waits
+                                    for its placement group (RAY_ADDRESS, else 127.0.0.1:6379)
   VLLM_API_KEY                      API key when --api-key is not given (as vLLM does)
 
 Prompt tokens are counted deterministically as round(1.3 x whitespace-separated words) over all
@@ -47,6 +50,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -577,6 +581,34 @@ def serve(model: str, options: dict) -> int:
     return 0
 
 
+def ray_nodes(address: str) -> int:
+    """Nodes the (stand-in) Ray head counts, itself included; 0 when it does not answer."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port or 6379)), timeout=2) as c:
+            c.sendall(b"NODES\n")
+            return int(c.makefile("r").readline().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def wait_for_ray(options: dict) -> bool:
+    """The Ray executor's placement group: one GPU node per TP x PP rank must have joined."""
+    world = int(options.get("tensor_parallel_size") or 1) * int(options.get("pipeline_parallel_size") or 1)
+    address = os.environ.get("RAY_ADDRESS", "127.0.0.1:6379")
+    deadline = time.monotonic() + knob("SANDBOX_RAY_WAIT_S", 60)
+    have = ray_nodes(address)
+    while have < world:
+        if time.monotonic() > deadline or STOP.is_set():
+            log(f"Ray cluster at {address} has {have} of the {world} nodes the placement group "
+                "needs; giving up", "ERROR")
+            return False
+        time.sleep(0.2)
+        have = ray_nodes(address)
+    log(f"Ray cluster at {address}: {have} nodes; placement group of {world} ready")
+    return True
+
+
 def main(argv: list[str]) -> int:
     version = os.environ.get("SANDBOX_VLLM_VERSION", "0.33.0")
     if argv[:1] in (["--version"], ["-v"]):
@@ -615,6 +647,8 @@ def main(argv: list[str]) -> int:
     if fail.startswith("exit:"):
         log(f"EngineCore failed to start (simulated by SANDBOX_VLLM_FAIL={fail})", "ERROR")
         return int(fail[5:])
+    if options.get("distributed_executor_backend") == "ray" and not wait_for_ray(options):
+        return 1
     if wait_for_signal(knob("SANDBOX_VLLM_STARTUP_S", 0)):  # "loading weights"
         return 0
     if headless:
