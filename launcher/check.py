@@ -35,6 +35,7 @@ from .plan import MemoryNeed, Plan
 PASS, WARN, FAIL = "pass", "warn", "fail"
 ORDER = ("ssh", "docker", "image", "gpu", "memory", "swap", "sysctls", "ulimits", "link",
          "roce", "mtu", "peers", "jumbo", "checkpoint", "disk", "clock")
+OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
 SWAP_USED_WARN = 256 << 20
@@ -578,9 +579,23 @@ def _local_inputs(loaded: Loaded, image: str | None) -> Inputs:
     return inp
 
 
-def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None) -> Report:
+def add_bandwidth(report: Report, inp: Inputs, group) -> None:
+    """`check --bandwidth`: one more row per rank that answered, an NCCL all-reduce across all
+    ranks in the serving image (launcher/bandwidth.py), over the same open Group."""
+    from . import bandwidth
+
+    found = bandwidth.check(inp.loaded, group, image=inp.image, facts=inp.facts,
+                            image_error=inp.image_error).findings
+    for rr in report.ranks:
+        if rr.rank in found:
+            f = found[rr.rank]
+            rr.add("bandwidth", f.status, f.value, f.fix)
+
+
+def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None,
+        bandwidth: bool = False) -> Report:
     """The whole `check`: connect (one attempt each, the config's connect timeout), collect,
-    evaluate."""
+    evaluate; with `bandwidth`, the all-reduce row too."""
     import time
 
     from . import gather
@@ -588,7 +603,9 @@ def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, sa
     started = time.monotonic()
     with gather.open_group(loaded, trust_new=trust_new, say=say) as group:
         inp = collect(loaded, group, image)
-    report = evaluate(inp)
+        report = evaluate(inp)
+        if bandwidth:
+            add_bandwidth(report, inp, group)
     report.seconds = time.monotonic() - started
     return report
 

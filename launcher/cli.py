@@ -552,8 +552,11 @@ def _probe_for_plan(loaded):
 @json_option
 @click.option("-v", "--verbose", is_flag=True, help="show every row's value, not only the problems")
 @click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@click.option("--bandwidth", is_flag=True,
+              help="also measure the fabric: an NCCL all-reduce in the serving image on every rank at "
+                   "once (~30 s, GPU and fabric busy), bus bandwidth against the expected figure")
 @friendly_errors
-def check(config_file, as_json, verbose, trust_new_hosts):
+def check(config_file, as_json, verbose, trust_new_hosts, bandwidth):
     """Preflight every rank, read-only: one table of rank × check.
 
     \b
@@ -563,13 +566,16 @@ def check(config_file, as_json, verbose, trust_new_hosts):
     fabric IP), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
     ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s).
     Each row is pass / warn / fail with the measured value and, when not pass, the fix.
+    --bandwidth adds a bandwidth row: 256 MiB bf16 all-reduces through torch.distributed/NCCL
+    with each rank's own NCCL env; busbw (nccl-tests' definition) vs launcher/bandwidth.py's
+    EXPECTED_BUSBW_GBPS; "not measured" (warn) when the image has no torch.
     Exit 0 when nothing fails, 1 otherwise. --json prints
     {"ok", "ranks": [{"rank", "host", "checks": [{"name", "status", "value", "fix"}]}]}.
     """
     from . import check as check_mod
 
     loaded = config_mod.load(config_mod.config_path(config_file))
-    report = check_mod.run(loaded, trust_new=trust_new_hosts)
+    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -588,7 +594,7 @@ def _print_check(check_mod, report, verbose: bool) -> None:
     for r in report.ranks:
         table.add_column(f"{r.rank} {r.host}")
     cells = {(r.rank, c.name): c.status for r in report.ranks for c in r.checks}
-    for name in check_mod.ORDER:
+    for name in (*check_mod.ORDER, *check_mod.OPTIONAL):
         if any((r.rank, name) in cells for r in report.ranks):
             table.add_row(name, *(_STATUS_STYLE.get(cells.get((r.rank, name)), "[dim]-[/]")
                                   for r in report.ranks))
