@@ -356,8 +356,10 @@ class _BuildDisplay:
               help="ship this image (repeatable; default: the profile's serving image)")
 @click.option("--dry-run", is_flag=True, help="say which rank lacks what, move nothing")
 @click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@click.option("--relay", is_flag=True,
+              help="ranks pull from a cache on rank 0: the uplink carries each blob twice, not once per rank")
 @friendly_errors
-def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
+def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
     """Send every rank the images it lacks, and only those.
 
     \b
@@ -365,9 +367,13 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
     started on this host for the duration (Debian's docker-registry), reached by each rank
     through an SSH reverse forward on its own 127.0.0.1: only the layers a rank lacks move,
     verified by digest. A rank gets the image's tag only once its image ID equals this host's.
+    --relay: every rank pulls from a registry cache on rank 0 instead (rank 0 needs
+    docker-registry), so this host's uplink carries each missing blob twice in all (the cache's
+    fetch and store), not once per rank; `bytes` then shows the uplink's bytes on rank 0.
     --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
     """
     from . import build as build_mod
+    from . import plan as plan_mod
     from . import remote
     from . import ship as ship_mod
 
@@ -377,7 +383,8 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts):
     with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
         shipment = ship_mod.make_plan(group, ids)
         if not dry_run:
-            ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False))
+            ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False),
+                           relay=plan_mod.rendezvous(loaded) if relay else None)
     rows = [r.to_json() for r in shipment.ranks]
     if as_json:
         click.echo(json.dumps({"ranks": rows}, indent=2))

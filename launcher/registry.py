@@ -89,8 +89,9 @@ class LocalRegistry:
         if self._workdir:
             self._workdir.cleanup()
 
-    def name(self, ref: str, port: int | None = None) -> str:
-        """The image's name in this registry, as seen on a host where it answers on `port`."""
+    def name(self, ref: str, port: int | str | None = None) -> str:
+        """The image's name in this registry, as seen on a host where it answers on `port`
+        (a placeholder string where the port is known only on the rank: the relay's)."""
         return f"127.0.0.1:{port or self.port}/{_repository_path(ref)}"
 
     def push(self, ref: str) -> None:

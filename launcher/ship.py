@@ -121,8 +121,10 @@ def _docker_hint(why: str, name: str) -> str:
     return why if why.startswith(name) else f"{name}: {why}"
 
 
-def apply(plan: ShipPlan, group: Group, say=print) -> ShipPlan:
-    """Move what the plan says; every rank independently, results kept per rank."""
+def apply(plan: ShipPlan, group: Group, say=print, relay: str | None = None) -> ShipPlan:
+    """Move what the plan says; every rank independently, results kept per rank. With `relay`
+    (rank 0's address the other ranks reach), every rank pulls from a cache on rank 0 and this
+    host's uplink carries each blob once (launcher/relay.py)."""
     if not plan.needed:
         return plan
     from .registry import LocalRegistry
@@ -135,14 +137,77 @@ def apply(plan: ShipPlan, group: Group, say=print) -> ShipPlan:
         group_todo = Group([by_rank[r.rank] for r in todo])
         outcome = {r.rank: r for r in todo}
 
-        def ship_one(conn: Connection):
+        def ship_one(conn: Connection, cache=None):
             rank = outcome[conn.target.rank]
-            _ship_rank(conn, rank, plan.local_ids, registry)
+            if cache is None:
+                _ship_rank(conn, rank, plan.local_ids, registry)
+            else:
+                _relay_rank(conn, rank, plan.local_ids, registry, cache)
             say(_progress_line(conn.target.name, rank))
             return None
 
-        group_todo.each(ship_one)
+        if relay is None:
+            group_todo.each(ship_one)
+        else:
+            _apply_relayed(plan, by_rank, registry, relay, todo, lambda conn, cache: ship_one(conn, cache), say)
     return plan
+
+
+def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", address: str,
+                   todo: list[RankShip], ship_one, say) -> None:
+    """Rank 0's cache up (its upstream: this host's registry through rank 0's forward), every
+    rank that lacks something pulls from it, the cache down. The uplink's bytes are rank 0's."""
+    from . import relay
+
+    head, head_ship = by_rank.get(0), next((r for r in plan.ranks if r.rank == 0), None)
+    if head is None or head_ship is None or head_ship.status == "failed":
+        why = head_ship.error if head_ship and head_ship.error else "rank 0 is not in this ship"
+        for r in todo:
+            r.status, r.error = "failed", f"rank {r.rank}: the relay needs rank 0 ({why}); ship without --relay"
+        return
+    try:
+        upstream, counter = head.reverse_forward(registry.port)
+    except Exception as e:  # rank 0 went away between plan and apply
+        for r in todo:
+            r.status, r.error = "failed", f"{head.target.name}: cannot open the registry forward for the relay ({e})"
+        return
+    try:
+        cache = relay.start(head, address, upstream)
+        say(f"relay: rank 0's cache at {address}:{cache.port} pulls each blob from here once")
+        try:
+            # One rank first (rank 0 when it lacks the image): the cache fetches a blob once per
+            # request in flight, so concurrent first pulls would each cross the uplink
+            # (measured: 15 MB for a 3 MB layer to four ranks); after it, the rest in parallel.
+            first, rest = todo[0], todo[1:]
+            ship_one(by_rank[first.rank], cache)
+            if rest:
+                Group([by_rank[r.rank] for r in rest]).each(lambda conn: ship_one(conn, cache))
+        finally:
+            relay.stop(head, cache)
+    except relay.RelayError as e:
+        for r in todo:
+            r.status, r.error = "failed", e.message
+    finally:
+        head.cancel_forward(upstream)
+        head_ship.bytes = counter.total  # every relayed blob crossed rank 0's SSH connection
+
+
+def _relay_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], registry: "LocalRegistry",
+                cache) -> None:
+    from . import relay
+
+    started = time.monotonic()
+    try:
+        for ref in rank.images:
+            command, script = relay.pull_invocation(
+                cache, _pull_command(registry.name(ref, "{port}"), ref, local_ids[ref]))
+            result = conn.run(command, stdin=script, timeout=PULL_TIMEOUT_S)
+            if not result.ok:
+                rank.status, rank.error = "failed", _docker_hint(result.why(), conn.target.name)
+                return
+        rank.status = "shipped"
+    finally:
+        rank.seconds = round(time.monotonic() - started, 3)
 
 
 def _ship_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], registry: LocalRegistry) -> None:

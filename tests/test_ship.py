@@ -235,6 +235,54 @@ def test_disk_full_mid_ship(sandbox, client, big):
         reship_completes(sandbox, group, client, ref, 3, layer)
 
 
+# --- relay: the uplink carries each blob once ------------------------------------------------
+
+def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
+    """`ship --relay`: every rank pulls from rank 0's registry cache; only rank 0's SSH connection
+    carries the new layer, the others' carry nothing; every rank ends with the right ID."""
+    base, top = images
+    ref = build_on(client, base, f"relay{uuid.uuid4().hex[:4]}", 3_000_000)
+    layer = client.images.get(ref).history()[1]["Size"]
+    try:
+        with group_of(sandbox) as group:
+            assert all(r.status != "failed" for r in ship_refs(group, client, [base]).ranks)
+            plan = ship.make_plan(group, ship.local_image_ids([ref], client))
+            lines = []
+            ship.apply(plan, group, say=lines.append, relay=sandbox.rank("spark1")["address"])
+        assert [r.status for r in plan.ranks] == ["shipped"] * 4, [r.error for r in plan.ranks]
+        uplink = plan.ranks[0].bytes
+        # twice, whatever the rank count: distribution's proxy fetches a blob once to stream it to
+        # the first puller and once to store it (without the relay: once per rank, here 4x)
+        assert 1.9 * layer <= uplink <= 2.1 * layer + 100_000, f"{uplink} B over the uplink for a {layer} B layer"
+        assert [r.bytes for r in plan.ranks[1:]] == [0, 0, 0]
+        assert any(line.startswith("relay: rank 0's cache at 172.31.240.11:") for line in lines)
+        want = client.images.get(ref).id
+        assert all(rank_image_id(sandbox, n, ref) == want for n in sandbox.names)
+        # the cache is gone with its storage
+        rc, out, _ = sandbox.run("spark1", "ls -d /tmp/sparkstack-relay.* 2>/dev/null; pgrep -x docker-registry")
+        assert out.strip() == ""
+    finally:
+        client.images.remove(ref, force=True)
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
+
+
+def test_relay_without_a_registry_on_rank_0_says_so(sandbox, client, images):
+    base, _ = images
+    ref = build_on(client, base, f"norelay{uuid.uuid4().hex[:4]}", 100_000)
+    hide = "sudo mv /usr/bin/docker-registry /usr/bin/docker-registry.hidden"
+    assert sandbox.run("spark1", hide)[0] == 0
+    try:
+        result = CliRunner().invoke(main, ["ship", "-c", str(sandbox.config), "--image", ref, "--relay"])
+        assert result.exit_code == 1
+        assert "rank 0 (spark1): cannot start the relay cache" in result.output
+        assert "install it (apt install docker-registry), or ship without --relay" in result.output
+        assert all(rank_image_id(sandbox, n, ref) is None for n in sandbox.names)
+    finally:
+        sandbox.run("spark1", "sudo mv /usr/bin/docker-registry.hidden /usr/bin/docker-registry")
+        client.images.remove(ref, force=True)
+
+
 def test_cli_json_and_dry_run(sandbox, images):
     base, _ = images
     runner = CliRunner()

@@ -122,6 +122,8 @@ class FilesStage:
 RANK_PACKAGES = (
     "openssh-server", "docker.io", "python3", "iproute2", "procps", "mount", "util-linux",
     "sudo", "ca-certificates", "iptables", "kmod", "curl", "less", "iputils-ping",
+    "docker-registry",  # `ship --relay` runs a registry cache on rank 0, as a Spark would after
+                        # `apt install docker-registry`
 )
 STANDIN_PACKAGES = ("python3",)
 
