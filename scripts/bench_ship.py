@@ -12,6 +12,8 @@ Both methods in the same run, over the same SSH connections (launcher.remote):
       (goal ≤ 1.1×); naive `docker save IMG | ssh rank docker load` of the same image alongside.
   (c) nothing changed: 0 bytes, seconds for four ranks (goal ≤ 2 s), in-process with fresh
       connections, and the real command line.
+  (d) --relay (issue option): the bytes over this host's uplink for a new top stage, against
+      once per rank without it.
 
 The registry runs on a temporary storage directory, so a first ship really is one. Every image
 it made is removed from this host and the ranks at the end.
@@ -306,6 +308,20 @@ def main() -> None:
         cwall, rows = cli_noop(cfg, v2)
         print(f"    `sparkstack ship --image ... --json`: {[r['status'] for r in rows]}, "
               f"{sum(r['bytes'] for r in rows)} bytes, {cwall:.2f} s wall (interpreter start included)")
+
+        v3 = build(client, stage, "v3", args.top_mib, "v3")
+        refs.append(v3)
+        layer = top_layer(client, v3)
+        print(f"\n(d) --relay: {v3} (its layer {layer / MB:.2f} MB) through a cache on rank 0")
+        started = time.monotonic()
+        plan = ship.make_plan(group, ship.local_image_ids([v3], client))
+        ship.apply(plan, group, say=lambda line: None, relay=loaded.cluster.ranks[0].address)
+        wall = time.monotonic() - started
+        show_ranks(plan, layer)
+        uplink = sum(r.bytes for r in plan.ranks)
+        print(f"    uplink (every byte over this host's SSH connections): {uplink / MB:.2f} MB = "
+              f"{uplink / layer:.2f}x the layer, wall {wall:.2f} s; without --relay: "
+              f"{len(plan.ranks)}x (once per rank, as in (b))")
     finally:
         cleanup(client, group.connections, refs)
         group.close()
