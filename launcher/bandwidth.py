@@ -79,14 +79,14 @@ class Job:
 
 
 def rank_envs(loaded: Loaded, facts: dict[int, Facts]) -> tuple[dict[int, dict[str, str]], list[str]]:
-    """Each rank's serving environment as the plan builds it (plan._fabric_envs, plan._rank_env),
+    """Each rank's serving environment as the plan builds it (plan.fabric_envs, plan.rank_env),
     without the secrets; the fabric pins are derived whatever the engine, since NCCL needs them.
     Also the plan's notes on ranks whose fabric env could not be derived."""
     notes: list[str] = []
-    fabric_env = plan_mod._fabric_envs(loaded, facts, notes)
+    fabric_env = plan_mod.fabric_envs(loaded, facts, notes)
     envs = {}
     for r in range(len(loaded.cluster.ranks)):
-        env = plan_mod._rank_env(loaded, r, fabric_env.get(r, {}))
+        env = plan_mod.rank_env(loaded, r, fabric_env.get(r, {}))
         envs[r] = {k: v for k, v in env.items() if k not in plan_mod.SECRET_ENV}
     return envs, notes
 
@@ -101,15 +101,8 @@ def job_env(env: dict[str, str], rank: int, world: int, master: str, port: int) 
 def docker_argv(loaded: Loaded, image: str, env: dict[str, str], args: dict) -> list[str]:
     """`docker run --rm -i` of the image with the serving container's host settings, the script
     on stdin (`python3 -`). `--pull never`: a rank without the image says so, it pulls nothing."""
-    c = loaded.cluster.container
     argv = ["docker", "run", "--rm", "-i", "--pull", "never", "--name", CONTAINER,
-            "--network", "host", "--ipc", "host"]
-    if c.gpus:
-        argv += ["--gpus", c.gpus]
-    argv += ["--shm-size", c.shm_size,
-             "--ulimit", f"nofile={c.nofile}:{c.nofile}", "--ulimit", f"memlock={c.memlock}:{c.memlock}"]
-    for device in c.devices:
-        argv += ["--device", device]
+            *plan_mod.host_settings(loaded.cluster.container)]
     for key in sorted(env):
         if "\n" in env[key]:
             raise SparkstackError(f"check --bandwidth: environment value of {key} has a newline")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import engine, fabric, kv, vllm_flags
 from .checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
-from .config import Loaded, Rank
+from .config import ContainerSettings, Loaded, Rank
 from .errors import PlanRefused
 from .facts import Facts
 
@@ -128,7 +128,7 @@ def build(loaded: Loaded, model: ModelFacts | None = None,
     model = model or read_model(loaded, tp, pp, assumed)
     sizing = _size_kv(loaded, model, mem_available, assumed)
     image = _image(loaded, assumed)
-    fabric_env = _fabric_envs(loaded, facts, assumed) if profile.engine == "vllm" else {}
+    fabric_env = fabric_envs(loaded, facts, assumed) if profile.engine == "vllm" else {}
     managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
         vllm_flags.value(flags, "tensor_parallel_size") is None else []
     if sizing and not profile.kv.engine_managed:
@@ -138,7 +138,7 @@ def build(loaded: Loaded, model: ModelFacts | None = None,
     return Plan(ranks, sizing, image, assumed)
 
 
-def _fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
+def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
     """Each probed rank's own NCCL/UCX/Gloo env from its sysfs; what is missing goes to `assumed`."""
     cluster = loaded.cluster
     what = "fabric environment (" + ", ".join(FABRIC_ENV) + ")"
@@ -299,11 +299,11 @@ def _host_ip(loaded: Loaded, rank: Rank) -> str:
 
 def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag],
                fabric_env: dict[str, str]) -> RankPlan:
-    env = _rank_env(loaded, r, fabric_env)
+    env = rank_env(loaded, r, fabric_env)
     return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, env), _engine_argv(loaded, r, flags))
 
 
-def _rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, str]:
+def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, str]:
     cluster, profile = loaded.cluster, loaded.profile
     env = dict(profile.env)
     if cluster.topology == "ring":
@@ -320,17 +320,24 @@ def _rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, s
     return env
 
 
-def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list[str]:
-    """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
-    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path."""
-    model, c = loaded.cluster.model.path, loaded.cluster.container
-    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, "--network", "host", "--ipc", "host"]
+def host_settings(c: ContainerSettings) -> list[str]:
+    """`docker run` options every engine-side container on a rank shares (the serving one, the
+    bandwidth probe's): host network and IPC, the GPU, shm, NCCL-sized ulimits, the RDMA devices."""
+    argv = ["--network", "host", "--ipc", "host"]
     if c.gpus:
         argv += ["--gpus", c.gpus]
     argv += ["--shm-size", c.shm_size,
              "--ulimit", f"nofile={c.nofile}:{c.nofile}", "--ulimit", f"memlock={c.memlock}:{c.memlock}"]
     for device in c.devices:
         argv += ["--device", device]
+    return argv
+
+
+def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list[str]:
+    """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
+    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path."""
+    model = loaded.cluster.model.path
+    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container)]
     argv += ["-v", f"{model}:{model}:ro",
              "--label", f"org.sparkstack.profile={loaded.profile.name}",
              "--label", f"org.sparkstack.rank={r}"]
