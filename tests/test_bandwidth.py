@@ -24,6 +24,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from local_probe import sandbox_rank_facts
 from launcher import bandwidth, check, config, facts, plan
 from launcher.bandwidth import FAIL, PASS, WARN, Outcome, outcome
 from launcher.cli import main
@@ -154,15 +155,7 @@ def ring(tmp_path_factory):
     doc = {"profile": "sandbox", "topology": "ring", "ranks": ranks, "model": {"path": cluster.MODEL_PATH},
            "overrides": {"api_key": "sk-not-on-a-command-line", "env": {"NCCL_DEBUG": "WARN"}}}
     (d / "cluster.yaml").write_text(yaml.safe_dump(doc))
-    found = {}
-    for r in range(4):
-        root = d / f"spark{r + 1}"
-        sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
-        (root / "ip-addr.json").write_text(json.dumps(sfabric.ip_addr_json(r)))
-        command, stdin = facts.invocation(facts.probe_args(str(root / "sysfs")))
-        raw = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
-                             input=stdin, capture_output=True, check=True, timeout=60).stdout
-        found[r] = facts.parse_facts(json.loads(raw))
+    found = {r: sandbox_rank_facts(d / f"spark{r + 1}", r) for r in range(4)}
     return SimpleNamespace(loaded=config.load(d / "cluster.yaml"), facts=found,
                            truth=[sfabric.fabric_truth(i) for i in range(4)])
 

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from local_probe import sandbox_rank_facts
 from launcher import check, config, facts, gather, plan
 from launcher.cli import main
 from launcher.facts import Checkpoint, Clock, Docker, DockerUlimits, Image, Limit, Memory, Ulimits
@@ -56,18 +57,7 @@ def sandbox_config(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fabric_facts(tmp_path_factory):
     """Each sandbox rank's Facts from its fixture sysfs, probed locally."""
-    from launcher.sandbox import fabric as sfabric
-
-    out = {}
-    for r in range(4):
-        root = tmp_path_factory.mktemp(f"spark{r + 1}")
-        sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
-        (root / "ip-addr.json").write_text(json.dumps(sfabric.ip_addr_json(r)))
-        command, stdin = facts.invocation(facts.probe_args(str(root / "sysfs")))
-        raw = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
-                             input=stdin, capture_output=True, check=True, timeout=60).stdout
-        out[r] = facts.parse_facts(json.loads(raw))
-    return out
+    return {r: sandbox_rank_facts(tmp_path_factory.mktemp(f"spark{r + 1}"), r) for r in range(4)}
 
 
 def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import shlex
-import subprocess
-import sys
 from ipaddress import IPv4Address
 
 import pytest
 
-from launcher import fabric, facts
+from local_probe import sandbox_rank_facts
+from launcher import fabric
 from launcher.fabric import FabricError
 from launcher.facts import Clock, DockerUlimits, Facts, Gid, Interface, RdmaDevice, RdmaPort, Ulimits
 
@@ -214,14 +211,9 @@ def test_sandbox_ranks_match_their_truth(tmp_path):
     """The sandbox writes each rank's sysfs and states what a correct probe must find."""
     sandbox = pytest.importorskip("launcher.sandbox.fabric")
     for r in range(sandbox.N_RANKS):
-        root = tmp_path / f"spark{r + 1}"
-        sandbox.write_tree(root / "sysfs", sandbox.sysfs_tree(r))
-        (root / "ip-addr.json").write_text(json.dumps(sandbox.ip_addr_json(r)))
-        command, stdin = facts.invocation(facts.probe_args(str(root / "sysfs")))
-        out = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
-                             input=stdin, capture_output=True, check=True, timeout=60).stdout
         truth = sandbox.fabric_truth(r)
-        rf = fabric.assess(facts.parse_facts(json.loads(out)), ip(truth["fabric_ip"]), "ring", truth["name"])
+        rf = fabric.assess(sandbox_rank_facts(tmp_path / f"spark{r + 1}", r), ip(truth["fabric_ip"]), "ring",
+                           truth["name"])
         assert not rf.failures, rf.failures
         p = rf.primary
         assert (p.netdev, p.hca, list(p.twins), p.gid_index, p.gid) == \

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from local_probe import run_probe
 from launcher import facts
 from launcher.facts import FactError, to_jsonable
 
@@ -167,14 +168,6 @@ def write_checkpoint(model: Path) -> None:
             f.truncate(size)  # sparse: the probe must stat, never read, the shards
 
 
-def run_probe(args: dict) -> dict:
-    command, stdin = facts.invocation(args)
-    done = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
-                          input=stdin, capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr.decode()
-    return json.loads(done.stdout)
-
-
 @pytest.fixture
 def ring_rank(tmp_path):
     """spark3 of a ring: fabric IP on the second port, the other port to its other neighbour."""
@@ -231,12 +224,7 @@ def test_probe_missing_commands_are_findings_not_failures(tmp_path):
     write_spark_sysfs(tmp_path / "sysfs", {})
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    command, stdin = facts.invocation(facts.probe_args(str(tmp_path / "sysfs")))
-    env = {**os.environ, "PATH": str(bindir)}
-    done = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
-                          input=stdin, capture_output=True, env=env, timeout=60)
-    assert done.returncode == 0, done.stderr.decode()
-    f = facts.parse_facts(json.loads(done.stdout))
+    f = facts.parse_facts(run_probe(facts.probe_args(str(tmp_path / "sysfs")), env={"PATH": str(bindir)}))
     assert f.docker is None and f.gpu is None and f.mounts == ()
     assert {"docker: not installed", "nvidia-smi: not installed", "ip: not installed",
             "findmnt: not installed"} <= set(f.problems)
@@ -256,11 +244,7 @@ def test_probe_takes_a_bare_sysfs_root_and_refuses_bad_json(tmp_path):
 
 def _probe_env(tmp_path, **env):
     write_spark_sysfs(tmp_path / "sysfs", {})
-    command, stdin = facts.invocation(facts.probe_args(str(tmp_path / "sysfs")))
-    done = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
-                          input=stdin, capture_output=True, env={**os.environ, **env}, timeout=60)
-    assert done.returncode == 0, done.stderr.decode()
-    return json.loads(done.stdout)
+    return run_probe(facts.probe_args(str(tmp_path / "sysfs")), env=env)
 
 
 @pytest.mark.skipif(not shutil.which("docker") or not os.access("/var/run/docker.sock", os.W_OK),

@@ -1,0 +1,31 @@
+"""The probe run here, as a rank runs it (the script on stdin of `python3 -`), with this
+interpreter: real output of the real script, for the tests that need facts without a rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher import facts
+
+
+def run_probe(args: dict, env: dict | None = None) -> dict:
+    """The probe's raw JSON; `env` is laid over this process's environment."""
+    command, stdin = facts.invocation(args)
+    done = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
+                          input=stdin, capture_output=True, env={**os.environ, **(env or {})}, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
+    """Sandbox rank r's fixture sysfs and `ip addr` written under root, then probed and parsed."""
+    from launcher.sandbox import fabric as sfabric
+
+    sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
+    (root / "ip-addr.json").write_text(json.dumps(sfabric.ip_addr_json(r)))
+    return facts.parse_facts(run_probe(facts.probe_args(str(root / "sysfs"))))
