@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher import vllm_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
-FLAGS = (ROOT / ".." / "shared" / "vllm" / "serve-flags-0.33.json").resolve()
+FLAGS = vllm_flags.FLAGS_FILE  # the table the sandbox image carries
 SEED_FLAGS = [
     "--kv-cache-dtype", "fp8", "--max-model-len", "200000", "--max-num-seqs", "8",
     "--kv-cache-memory-bytes", "14092861440", "--async-scheduling",

@@ -57,14 +57,11 @@ def repo_root() -> Path:
     return HERE.parent.parent
 
 
-def shared_dir() -> Path:
-    """The project's shared/ directory: ``<repo root>/../shared`` (``$SPARKSTACK_SHARED`` wins)."""
-    env = os.environ.get("SPARKSTACK_SHARED")
-    return Path(env) if env else repo_root().parent / "shared"
-
-
 def serve_flags_file() -> Path:
-    return shared_dir() / "vllm" / "serve-flags-0.33.json"
+    """vLLM 0.33's option table: the kit's own vendored copy, the one `plan` checks flags with."""
+    from .. import vllm_flags
+
+    return vllm_flags.FLAGS_FILE
 
 
 def standin_program() -> Path:
@@ -271,8 +268,7 @@ def standin_stage() -> FilesStage:
     for path, what in ((prog, "the stand-in vllm program"), (flags, "vLLM's serve flags table")):
         if not path.is_file():
             raise SandboxError(f"{what} is missing: {path}",
-                               "restore it from the repository (shared/ must sit next to the "
-                               "checkout, or set SPARKSTACK_SHARED)")
+                               "restore it from the repository (git checkout -- launcher)")
     return FilesStage("sandbox-vllm", STANDIN_FS, STANDIN_DOCKERFILE,
                       {"vllm": prog.read_bytes(), "ray": (HERE / "standin_ray.py").read_bytes(),
                        "serve-flags.json": flags.read_bytes(),
