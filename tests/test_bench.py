@@ -25,6 +25,7 @@ from click.testing import CliRunner
 
 from launcher import bench
 from launcher.cli import main
+from standin_env import model_dir, roomy_env
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
@@ -49,9 +50,9 @@ class Standin:
         self.port = free_port()
         self.stderr_path = tmp / "standin.log"
         env = {**os.environ, "SANDBOX_VLLM_FLAGS": str(FLAGS),
-               "SANDBOX_VLLM_RECORD": str(tmp / "record.json"), **(env or {})}
+               "SANDBOX_VLLM_RECORD": str(tmp / "record.json"), **roomy_env(tmp), **(env or {})}
         env.pop("VLLM_API_KEY", None)  # the stand-in would take it as its key
-        argv = [sys.executable, str(STANDIN), "serve", "test/model", "--host", "127.0.0.1",
+        argv = [sys.executable, str(STANDIN), "serve", str(model_dir(tmp)), "--host", "127.0.0.1",
                 "--port", str(self.port), *args]
         with open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)

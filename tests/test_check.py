@@ -307,11 +307,9 @@ def report_targets(loaded, r):
 def test_a_cut_cable_fails_both_ends(sandbox, loaded):
     """Pull the cable of ring link 0 (spark1 port 0 <-> spark2 port 1): both ends' peers and jumbo
     rows fail naming the other end; laying it again (what `sandbox up` does) heals it."""
-    from launcher.sandbox import cluster, links
+    from launcher.sandbox import cluster
 
-    client = cluster.connect()
-    pids = {i: cluster._pid(client.containers.get(cluster.container_name(n))) for i, n in enumerate(sandbox.names)}
-    links.cut(pids[0], "enp1s0f0np0")
+    cluster.cut_cable(0, sandbox.state_dir)
     try:
         report = check.run(loaded, image=sandbox.images["vllm"])
         assert not report.ok
@@ -321,8 +319,11 @@ def test_a_cut_cable_fails_both_ends(sandbox, loaded):
                 assert c.status == "fail" and far in c.value.split("unreachable")[1], c
         assert "cable" in row(report, 0, "peers").fix
         assert row(report, 2, "peers").status == "warn"  # spark3's own cables are fine
+        # the kernel's view too: both ends' ports are down, so their link rows fail
+        # and the kernel's view: spark1's fabric port lost its carrier, so its link row fails
+        assert row(report, 0, "link").status == "fail" and "down" in row(report, 0, "link").value
     finally:
-        assert links.wire(pids, 4) == [0]
+        assert cluster.mend_cables(sandbox.state_dir) == [0]
     assert row(check.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "warn"
 
 

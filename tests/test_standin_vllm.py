@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher import vllm_flags
+from standin_env import gb10_meminfo, model_dir, roomy_env
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
@@ -50,16 +51,19 @@ def free_port() -> int:
 
 
 class Standin:
-    """One `vllm` process; stderr goes to a file so a chatty server can never block on a pipe."""
+    """One `vllm` process; stderr goes to a file so a chatty server can never block on a pipe.
+    Unless a test says otherwise the rank has all its memory free and the worker holds nothing,
+    so vLLM's startup guard passes; the guard's own tests give it a GB10's figures."""
 
     def __init__(self, tmp: Path, args: list[str], env: dict | None = None, serve=True):
         self.port = free_port()
         self.record = tmp / "log" / "record.json"
         self.stderr_path = tmp / "stderr.log"
+        self.model = model_dir(tmp)
         self.env = {**os.environ, "SANDBOX_VLLM_FLAGS": str(FLAGS),
                     "SANDBOX_VLLM_RECORD": str(self.record), "STANDIN_TEST_MARK": "42",
-                    **(env or {})}
-        head = ["serve", "test/model", "--host", "127.0.0.1", "--port", str(self.port)]
+                    **roomy_env(tmp), **(env or {})}
+        head = ["serve", str(self.model), "--host", "127.0.0.1", "--port", str(self.port)]
         self.argv = (head if serve else []) + args
         with open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen([sys.executable, str(STANDIN), *self.argv], env=self.env,
@@ -201,7 +205,7 @@ def test_flexible_argv_forms(tmp_path):
 def test_seed_flags_recorded(seed):
     record = json.loads(seed.record.read_text())
     assert record["argv"] == seed.argv and record["mode"] == "api"
-    assert record["model"] == "test/model"
+    assert record["model"] == str(seed.model)
     assert record["env"]["STANDIN_TEST_MARK"] == "42" and record["pid"] == seed.proc.pid
     o = record["options"]
     assert o["kv_cache_dtype"] == "fp8" and o["max_model_len"] == 200000 and o["max_num_seqs"] == 8
@@ -219,10 +223,37 @@ def test_fail_exit_knob_and_guards(tmp_path):
     assert out.returncode == 3 and "EngineCore failed" in out.stderr
     options = json.loads((tmp_path / "log" / "record.json").read_text())["options"]
     assert options["tensor_parallel_size"] == 4  # recorded before the simulated crash
-    guard = {"SANDBOX_VLLM_MAX_GPU_UTIL": "0.82", "SANDBOX_VLLM_FAIL": "exit:0"}
-    refused = run_once(tmp_path, ["--gpu-memory-utilization", "0.9"], guard)
-    assert refused.returncode == 1 and "less than desired GPU memory utilization" in refused.stderr
-    assert run_once(tmp_path, ["--gpu-memory-utilization", "0.8"], guard).returncode == 0
+
+
+def test_startup_guard_on_a_gb10_refuses_the_default_utilisation(tmp_path):
+    """vLLM 0.33's request_memory on a GB10 with caches dropped: 117.1 GiB available, the worker
+    holding 14 GiB, so 103.08 GiB free against 0.92 x 121.69 GiB -- refused, with vLLM's words,
+    whether or not --kv-cache-memory-bytes is given. 0.84 (0.847 fits) starts."""
+    gb10 = {"SANDBOX_VLLM_MEMINFO": str(gb10_meminfo(tmp_path / "gb10")),
+            "SANDBOX_VLLM_HELD_GIB": "14", "SANDBOX_VLLM_STARTUP_S": "0"}
+    for extra in ([], ["--kv-cache-memory-bytes", "14092861440"]):
+        refused = run_once(tmp_path, extra, gb10)
+        assert refused.returncode == 1, refused.stderr
+        assert ("ValueError: Free memory on device cuda:0 (103.08/121.69 GiB) on startup is less "
+                "than desired GPU memory utilization (0.92, 111.95 GiB). Decrease GPU memory "
+                "utilization or reduce GPU memory used by other processes.") in refused.stderr
+    too_high = run_once(tmp_path, ["--gpu-memory-utilization", "0.85"], gb10)
+    assert too_high.returncode == 1 and "(0.85, 103.44 GiB)" in too_high.stderr
+    ok = Standin(tmp_path / "ok", ["--gpu-memory-utilization", "0.84"], gb10).wait_healthy()
+    assert ok.stop() == 0
+
+
+def test_a_checkpoint_that_is_not_there_is_refused(tmp_path):
+    """No -v mount: the model path is empty in the container, and vLLM stops before any rank."""
+    absent = tmp_path / "absent"
+    missing = run_once(tmp_path, ["serve", str(absent), "--port", str(free_port())], serve=False)
+    assert missing.returncode == 1
+    assert f"Invalid repository ID or local directory specified: '{absent}'" in missing.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    no_weights = run_once(tmp_path, ["serve", str(bare), "--port", str(free_port())], serve=False)
+    assert no_weights.returncode == 1 and "Cannot find any model weights" in no_weights.stderr
 
 
 # ---------------------------------------------------------------- API
@@ -239,7 +270,7 @@ def test_api_key_on_v1_only(seed):
 
 def test_models_default_to_model_name(plain):
     status, body = http(plain.port, "/v1/models")
-    assert status == 200 and json.loads(body)["data"][0]["id"] == "test/model"
+    assert status == 200 and json.loads(body)["data"][0]["id"] == str(plain.model)
 
 
 def test_stream_with_usage(seed):
@@ -314,12 +345,12 @@ def test_no_spec_metrics_without_speculative_config(plain):
 def test_needle_answer_and_reasoning(plain):
     filler = "The sky was grey and the sea was calm. " * 20
     body = chat(64, f"{filler}The secret code is XYZ-123. {filler}\nWhat is the secret code?",
-                model="test/model")
+                model=str(plain.model))
     status, raw = http(plain.port, "/v1/chat/completions", body)
     reply = json.loads(raw)["choices"][0]
     assert status == 200 and reply["message"]["content"] == "The secret code is XYZ-123."
     assert reply["finish_reason"] == "stop"
-    thinking = {**chat(10, model="test/model"),
+    thinking = {**chat(10, model=str(plain.model)),
                 "chat_template_kwargs": {"reasoning_effort": "high"}}
     _, events = stream(plain.port, thinking, key=None)
     deltas = [json.loads(d)["choices"][0]["delta"] for _, d in events[1:-1]]
@@ -328,7 +359,7 @@ def test_needle_answer_and_reasoning(plain):
 
 
 def test_request_refusals(plain):
-    too_long = chat(2000, model="test/model")
+    too_long = chat(2000, model=str(plain.model))
     status, body = http(plain.port, "/v1/chat/completions", too_long)
     assert status == 400
     assert "maximum context length is 1000" in json.loads(body)["error"]["message"]
@@ -340,7 +371,7 @@ def test_request_refusals(plain):
 def test_malformed_knob(tmp_path):
     server = Standin(tmp_path, [], {"SANDBOX_VLLM_FAIL": "malformed"}).wait_healthy()
     try:
-        _, events = stream(server.port, chat(5, model="test/model"), key=None)
+        _, events = stream(server.port, chat(5, model=str(server.model)), key=None)
         json.loads(events[0][1])  # the role chunk is fine ...
         with pytest.raises(json.JSONDecodeError):
             json.loads(events[1][1])  # ... the next one is not
@@ -348,15 +379,44 @@ def test_malformed_knob(tmp_path):
         assert server.stop() == 0
 
 
-def test_headless_serves_nothing_and_stops_on_sigterm(tmp_path):
-    args = ["--headless", "--nnodes", "4", "--node-rank", "2", "--master-addr", "10.0.0.1",
-            "--master-port", "29501", *SEED_FLAGS]
-    server = Standin(tmp_path, args)
-    server.wait_log("headless worker rank 2")
-    with pytest.raises(OSError):
-        http(server.port, "/health")
-    assert json.loads(server.record.read_text())["mode"] == "headless"
-    assert server.stop() == 0
+def test_headless_worker_meets_its_head_then_serves_nothing(tmp_path):
+    """vLLM's native multi-node on loopback: the worker waits for the head's store at
+    --master-addr:--master-port, both open the connections the real stack opens, then the head
+    serves the API and the worker serves nothing until SIGTERM."""
+    port = str(free_port())
+    net = {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1",
+           "SANDBOX_SYSFS_ROOT": str(tmp_path / "no-rdma")}
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, *SEED_FLAGS]
+    worker = Standin(tmp_path / "w", ["--headless", "--node-rank", "1", *common], net)
+    head = Standin(tmp_path / "h", ["--node-rank", "0", *common], net)
+    try:
+        head.wait_healthy()
+        worker.wait_log("headless worker rank 1 of 2")
+        with pytest.raises(OSError):
+            http(worker.port, "/health")
+        assert json.loads(worker.record.read_text())["mode"] == "headless"
+        assert "rendezvous: 2 nodes joined" in head.stderr
+    finally:
+        assert worker.stop() == 0 and head.stop() == 0
+
+
+def test_a_head_nobody_joins_gives_up_like_torch(tmp_path):
+    args = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port())]
+    out = run_once(tmp_path, args, {"SANDBOX_VLLM_DIST_TIMEOUT_S": "1", "NCCL_SOCKET_IFNAME": "lo"})
+    assert out.returncode == 1
+    assert "torch.distributed.DistStoreError: Timed out after 1 seconds waiting for clients. " \
+           "1/2 clients joined." in out.stderr
+
+
+def test_a_worker_whose_master_never_answers_gives_up_like_torch(tmp_path):
+    port = free_port()
+    args = ["--headless", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+            "--master-port", str(port)]
+    out = run_once(tmp_path, args, {"SANDBOX_VLLM_DIST_TIMEOUT_S": "1", "NCCL_SOCKET_IFNAME": "lo"})
+    assert out.returncode == 1
+    assert "torch.distributed.DistNetworkError: The client socket has timed out after " in out.stderr
+    assert f"ms while trying to connect to (127.0.0.1, {port})." in out.stderr
 
 
 # ---------------------------------------------------------------- pure helpers

@@ -32,19 +32,22 @@ def sandbox():
 @state_option
 @click.option("--ranks", type=int, default=None, metavar="N",
               help="how many ranks (default: $SPARKSTACK_SANDBOX_RANKS, else 4); ranks above N are removed")
+@click.option("--topology", type=click.Choice(["ring", "switch"]), default=None,
+              help="cable the fabric as a ring (two ports a rank, a /30 a link) or to one switch "
+                   "(one port a rank, one /24); default: $SPARKSTACK_SANDBOX_TOPOLOGY, else ring")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @_friendly
-def up(state_dir, ranks, as_json):
-    """Create the ranks (or adopt running ones), cable their ring, and write cluster.yaml."""
+def up(state_dir, ranks, topology, as_json):
+    """Create the ranks (or adopt running ones), cable their fabric, and write cluster.yaml."""
     from . import cluster
 
-    result = cluster.up(state_dir, progress=_progress, ranks=ranks)
+    result = cluster.up(state_dir, progress=_progress, ranks=ranks, cabling=topology)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
     for r in result["ranks"]:
         out.print(f"{r['name']}  {r['user']}@{r['address']}:{r['port']}  docker {r['docker']}")
-    out.print(f"ready in {result['seconds']} s; the cluster config is:")
+    out.print(f"ready in {result['seconds']} s, cabled as a {result['topology']}; the cluster config is:")
     click.echo(result["config"])
 
 

@@ -96,6 +96,20 @@ def subnet() -> ipaddress.IPv4Network:
     return net
 
 
+def topology(value: str | None = None) -> str:
+    """How `up` cables the fabric: the argument, else $SPARKSTACK_SANDBOX_TOPOLOGY, else ring."""
+    chosen = value or os.environ.get("SPARKSTACK_SANDBOX_TOPOLOGY") or "ring"
+    if chosen not in fabric.TOPOLOGIES:
+        raise SandboxError(f"no sandbox topology {chosen!r}", "use --topology ring or --topology switch")
+    return chosen
+
+
+def current_topology(state_dir: Path) -> str:
+    """The topology the sandbox in `state_dir` was last cabled as."""
+    path = paths(state_dir)["topology"]
+    return path.read_text().strip() if path.exists() else "ring"
+
+
 def n_ranks(value: int | None = None) -> int:
     """How many ranks `up` makes: the argument, else $SPARKSTACK_SANDBOX_RANKS, else 4."""
     raw = value if value is not None else os.environ.get("SPARKSTACK_SANDBOX_RANKS", DEFAULT_RANKS)
@@ -142,6 +156,7 @@ def paths(state_dir: Path) -> dict[str, Path]:
         "patches": state_dir / "patches",
         "images": state_dir / "images",
         "ranks": state_dir / "ranks",
+        "topology": state_dir / "topology",
     }
 
 
@@ -206,7 +221,7 @@ def _ensure_keypair(private_path: Path, public_path: Path, comment: str) -> str:
     return public_path.read_text().strip()
 
 
-def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int) -> dict:
+def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int, cabling: str = "ring") -> dict:
     """Keys, known_hosts, fixtures, checkpoint, patches: everything on the host side."""
     p = paths(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -225,14 +240,16 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int) -> dict:
             auth.write_text(client_pub + "\n")
         kind, blob = host_pub.split()[:2]
         known.append(f"{rank_address(i, net)},{name} {kind} {blob}")
-        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, n))
-        (rdir / "ip-addr.json").write_text(json.dumps(fabric.ip_addr_json(i, n), indent=2) + "\n")
-        truth[name] = fabric.fabric_truth(i, n)
+        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, n, topology=cabling))
+        _write_in_place(rdir / "ip-addr.json",
+                        json.dumps(fabric.ip_addr_json(i, n, cabling), indent=2) + "\n")
+        truth[name] = fabric.fabric_truth(i, n, cabling)
         _write_in_place(rdir / "meminfo", meminfo_mod.meminfo(i))
     _write_if_changed(p["known_hosts"], "\n".join(known) + "\n")
     summary = ckpt.write_checkpoint(p["model"])
     ckpt.write_patches(p["patches"])
     _write_if_changed(p["truth"], json.dumps(truth, indent=2) + "\n")
+    _write_if_changed(p["topology"], cabling + "\n")
     return {"checkpoint": summary, "truth": truth}
 
 
@@ -491,17 +508,17 @@ def _load_into_rank(container, tag: str, tar: Path) -> str:
     return "loaded"
 
 
-def write_cluster_yaml(state_dir: Path, net, base_image: str, n: int) -> Path:
+def write_cluster_yaml(state_dir: Path, net, base_image: str, n: int, cabling: str = "ring") -> Path:
     p = paths(state_dir)
     ranks = []
     for i, name in enumerate(rank_names(n)):
-        t = fabric.fabric_truth(i, n)
+        t = fabric.fabric_truth(i, n, cabling)
         ranks.append({"name": name, "address": rank_address(i, net), "port": 22, "user": USER,
                       "key": str(p["key"]), "fabric_ips": [t["fabric_ip"]],
                       "sysfs_root": SYSFS_ROOT})
     doc = {
         "profile": "sandbox",
-        "topology": "ring",
+        "topology": cabling,
         "ssh": {"known_hosts": str(p["known_hosts"])},
         "ranks": ranks,
         "model": {"path": MODEL_PATH, "served_name": SERVED_NAME},
@@ -534,12 +551,14 @@ def _exclusive(progress=print):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def up(state_dir: Path | None = None, progress=print, ranks: int | None = None) -> dict:
-    """Create (or adopt) the sandbox of `ranks` ranks (see n_ranks); idempotent: ranks beyond
-    that number are removed. Returns what status() returns plus timings."""
-    n = n_ranks(ranks)
+def up(state_dir: Path | None = None, progress=print, ranks: int | None = None,
+       cabling: str | None = None) -> dict:
+    """Create (or adopt) the sandbox of `ranks` ranks (see n_ranks), cabled as a ring or to a
+    switch (see topology); idempotent: ranks beyond that number are removed, the other
+    topology's cables too. Returns what status() returns plus timings."""
+    n, cabling = n_ranks(ranks), topology(cabling)
     with _exclusive(progress):
-        return _up(state_dir, progress, n)
+        return _up(state_dir, progress, n, cabling)
 
 
 def _remove_extra_ranks(client, n: int) -> list[str]:
@@ -557,13 +576,13 @@ def _remove_extra_ranks(client, n: int) -> list[str]:
     return gone
 
 
-def _up(state_dir: Path | None, progress, n: int) -> dict:
+def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
     t0 = time.monotonic()
     state_dir = (Path(state_dir) if state_dir else state_dir_default()).expanduser().resolve()
     net = subnet()
     client = connect()
     images = debian_image.ensure_images(client, progress)
-    prepare_state(state_dir, net, n)
+    prepare_state(state_dir, net, n, cabling)
     ensure_network(client, net)
     gone = _remove_extra_ranks(client, n)
     if gone:
@@ -591,13 +610,43 @@ def _up(state_dir: Path | None, progress, n: int) -> dict:
         loads = dict(zip(names, pool.map(ready_and_loaded, enumerate(names))))
     if any(v == "loaded" for v in loads.values()):
         progress(f"{images['vllm']} loaded into " + ", ".join(k for k, v in loads.items() if v == "loaded"))
-    laid = links.wire({i: _pid(containers[name]) for i, name in enumerate(names)}, n)
+    laid = links.wire({i: _pid(containers[name]) for i, name in enumerate(names)}, n, cabling)
     if laid:
-        progress(f"fabric: laid ring link(s) {', '.join(map(str, laid))} (veth, MTU {fabric.MTU})")
-    write_cluster_yaml(state_dir, net, images["vllm"], n)
+        what = "ring link(s)" if cabling == "ring" else "switch cable(s) of rank(s)"
+        progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {fabric.MTU})")
+    write_cluster_yaml(state_dir, net, images["vllm"], n, cabling)
     result = status(state_dir, client=client, n=n)
-    result.update({"images": images, "actions": actions, "seconds": round(time.monotonic() - t0, 1)})
+    result.update({"images": images, "actions": actions, "topology": cabling,
+                   "seconds": round(time.monotonic() - t0, 1)})
     return result
+
+
+def cut_cable(link: int, state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> links.Cable:
+    """Pull the cable of ring link `link` (a test's fault): the veth pair goes, and both ends'
+    QSFP ports read down in their sysfs fixtures, as the kernel would show them."""
+    state_dir = Path(state_dir) if state_dir else state_dir_default()
+    if current_topology(state_dir) != "ring":
+        raise SandboxError("cut_cable pulls a ring link; the sandbox is cabled to a switch",
+                           "`sparkstack sandbox up --topology ring` first")
+    client = connect()
+    cable = links.cables(n)[link]
+    links.cut(_pid(client.containers.get(container_name(rank_names(n)[cable.a.rank]))), cable.a.netdev)
+    for end, port in ((cable.a, 0), (cable.b, 1)):
+        fabric.write_tree(paths(state_dir)["ranks"] / rank_names(n)[end.rank] / "sysfs",
+                          fabric.sysfs_tree(end.rank, n, unplugged=frozenset({port})))
+    return cable
+
+
+def mend_cables(state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> list[int]:
+    """Plug every cable back in (fixtures up again, missing veth pairs laid); the links laid."""
+    state_dir = Path(state_dir) if state_dir else state_dir_default()
+    client = connect()
+    cabling = current_topology(state_dir)
+    for i, name in enumerate(rank_names(n)):
+        fabric.write_tree(paths(state_dir)["ranks"] / name / "sysfs",
+                          fabric.sysfs_tree(i, n, topology=cabling))
+    return links.wire({i: _pid(client.containers.get(container_name(name)))
+                       for i, name in enumerate(rank_names(n))}, n, cabling)
 
 
 def down(state_dir: Path | None = None, purge: bool = False, progress=print) -> dict:
@@ -635,6 +684,7 @@ def _down(state_dir: Path | None, purge: bool) -> dict:
             removed["volumes"].append(v.name)
         except docker.errors.NotFound:
             pass
+    links.remove_switch()
     if purge and state_dir.exists():
         import shutil
 

@@ -170,14 +170,55 @@ done
 # overlay2 works here: the volume is a plain ext4 directory and the kernel has overlayfs; the
 # host engine's fuse-overlayfs is only needed for the host's own configuration. If overlay2
 # cannot start (another kernel, a volume on overlayfs), fall back to vfs (slow, always works).
+# Every container it starts runs through sandbox-runc (below): it sees this rank's meminfo and
+# fabric fixtures, as a container on a real Spark sees the host's /proc/meminfo and sysfs.
+RUNTIME="--add-runtime=sandbox-runc=/usr/local/sbin/sandbox-runc --default-runtime=sandbox-runc"
 (
-    dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 \
+    dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 $RUNTIME \
         >>/var/log/dockerd.log 2>&1 \
     || { log "overlay2 failed, using vfs"; \
-         exec dockerd --storage-driver=vfs --mtu=1400 --bip=10.77.0.1/24 >>/var/log/dockerd.log 2>&1; }
+         exec dockerd --storage-driver=vfs --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>/var/log/dockerd.log 2>&1; }
 ) &
 
 exec /usr/sbin/sshd -D -e
+"""
+
+# The rank dockerd's OCI runtime: runc, after adding to each new container's bundle the bind
+# mounts a container on a real Spark gets from the kernel for free -- /proc/meminfo (the rank's
+# GB10 figures; on a real box the container sees the host's) and the fabric fixtures' sysfs tree
+# (read by the stand-in engines to find the GIDs NCCL would use). Standard library only.
+SANDBOX_RUNC = r"""#!/usr/bin/python3
+import json, os, sys
+
+MOUNTS = [("/sandbox/meminfo", "/proc/meminfo"), ("/sandbox/sysfs", "/sandbox/sysfs")]
+
+
+def bundle(args):
+    for i, a in enumerate(args):
+        if a in ("--bundle", "-b") and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--bundle="):
+            return a.split("=", 1)[1]
+    return os.getcwd()
+
+
+def add_mounts(path):
+    with open(path) as f:
+        spec = json.load(f)
+    have = {m.get("destination") for m in spec.get("mounts", [])}
+    for source, dest in MOUNTS:
+        if dest not in have and os.path.exists(source):
+            spec.setdefault("mounts", []).append(
+                {"destination": dest, "type": "bind", "source": source, "options": ["rbind", "ro"]})
+    with open(path + ".tmp", "w") as f:
+        json.dump(spec, f)
+    os.replace(path + ".tmp", path)
+
+
+args = sys.argv[1:]
+if "create" in args or "run" in args:
+    add_mounts(os.path.join(bundle(args), "config.json"))
+os.execv("/usr/sbin/runc", ["runc", *args])
 """
 
 SSHD_CONF = """# sparkstack sandbox rank
@@ -193,6 +234,7 @@ MaxSessions 100
 RANK_DOCKERFILE = """FROM {parent}
 COPY sandbox-rank-init /usr/local/sbin/sandbox-rank-init
 COPY sandbox.conf /etc/ssh/sshd_config.d/sandbox.conf
+COPY sandbox-runc /usr/local/sbin/sandbox-runc
 LABEL org.sparkstack.sandbox="1" org.sparkstack.sandbox.role="rank"
 CMD ["/usr/local/sbin/sandbox-rank-init"]
 """
@@ -200,6 +242,7 @@ CMD ["/usr/local/sbin/sandbox-rank-init"]
 STANDIN_DOCKERFILE = """FROM {parent}
 COPY vllm /usr/local/bin/vllm
 COPY ray /usr/local/bin/ray
+COPY standin_dist.py /usr/local/bin/standin_dist.py
 COPY serve-flags.json /usr/share/sandbox-vllm/serve-flags.json
 COPY site-packages/ /usr/lib/python3/dist-packages/
 LABEL org.sparkstack.sandbox="1" org.sparkstack.standin="vllm" \\
@@ -245,8 +288,9 @@ HOOKS = {RANK_FS.repository: _RANK_HOOKS, STANDIN_FS.repository: _STANDIN_HOOKS}
 
 def rank_stage() -> FilesStage:
     return FilesStage("sparkstack-sandbox-rank", RANK_FS, RANK_DOCKERFILE,
-                      {"sandbox-rank-init": RANK_INIT.encode(), "sandbox.conf": SSHD_CONF.encode()},
-                      {"sandbox-rank-init": 0o755})
+                      {"sandbox-rank-init": RANK_INIT.encode(), "sandbox.conf": SSHD_CONF.encode(),
+                       "sandbox-runc": SANDBOX_RUNC.encode()},
+                      {"sandbox-rank-init": 0o755, "sandbox-runc": 0o755})
 
 
 # The files of a vLLM EXL3 image that the chain's stages add to or overlay (vLLM's package layout
@@ -271,6 +315,7 @@ def standin_stage() -> FilesStage:
                                "restore it from the repository (git checkout -- launcher)")
     return FilesStage("sandbox-vllm", STANDIN_FS, STANDIN_DOCKERFILE,
                       {"vllm": prog.read_bytes(), "ray": (HERE / "standin_ray.py").read_bytes(),
+                       "standin_dist.py": (HERE / "standin_dist.py").read_bytes(),
                        "serve-flags.json": flags.read_bytes(),
                        **{f"site-packages/{k}": v for k, v in STANDIN_PACKAGE.items()}},
                       {"vllm": 0o755, "ray": 0o755})

@@ -24,6 +24,11 @@ global IPv6 address on the netdev, which pushes the IPv4-mapped entries to 4/5 (
 real boxes after an address is added). Index 1 is always the ``fe80::`` RoCE v2 entry that fails
 with ``ibv_modify_qp: 22`` when used.
 
+Cabled to a **switch** instead (``sandbox up --topology switch``): each rank's fabric port --
+the same port as in the ring, so spark3 still uses its second one -- goes to one 9000-MTU
+bridge, every fabric IP in one subnet ``192.168.177.0/24`` (rank k holds ``.k+1``); the other
+port has no cable and no address.
+
 Everything here is pure: ``sysfs_tree(rank)`` returns ``{relative path: file content}`` rooted at
 the sysfs root (paths start with ``class/``), ``fabric_truth(rank)`` the answers the probe must
 find. ``write_tree`` puts a tree on disk.
@@ -60,8 +65,25 @@ def _link_subnet(link: int) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network((base + 4 * link, 30))
 
 
-def port_ip(rank: int, port: int, n: int = N_RANKS) -> str:
-    """IPv4 address of QSFP ``port`` (0/1) of ``rank`` in the ring."""
+TOPOLOGIES = ("ring", "switch")
+SWITCH_PREFIX = 24
+
+
+def cabled_ports(rank: int, topology: str = "ring") -> tuple[int, ...]:
+    """The QSFP ports with a cable: both in a ring, the fabric port on a switch."""
+    return (0, 1) if topology == "ring" else (FABRIC_PORT.get(rank, 0),)
+
+
+def prefix_len(topology: str = "ring") -> int:
+    return 30 if topology == "ring" else SWITCH_PREFIX
+
+
+def port_ip(rank: int, port: int, n: int = N_RANKS, topology: str = "ring") -> str | None:
+    """IPv4 address of QSFP ``port`` (0/1) of ``rank``; None for a port without a cable."""
+    if topology == "switch":
+        if port not in cabled_ports(rank, topology):
+            return None
+        return str(ipaddress.IPv4Address(FABRIC_NET) + rank + 1)
     if port == 0:  # link `rank` to the next rank, low address
         return str(_link_subnet(rank).network_address + 1)
     prev = (rank - 1) % n  # link `prev` from the previous rank, high address
@@ -120,16 +142,19 @@ def _netdev_files(prefix: str, macaddr: str, mtu: int, speed: int, up: bool, ifi
     }
 
 
-def sysfs_tree(rank: int, n: int = N_RANKS) -> dict[str, str]:
-    """All fixture files of one rank: relative path under the sysfs root -> content."""
+def sysfs_tree(rank: int, n: int = N_RANKS, unplugged: frozenset[int] = frozenset(),
+               topology: str = "ring") -> dict[str, str]:
+    """All fixture files of one rank: relative path under the sysfs root -> content. A QSFP port
+    in `unplugged` has lost its cable: both its twins read down (operstate, carrier, RoCE port
+    state), as the kernel shows it; addresses and GIDs stay."""
     if not 0 <= rank < n:
         raise ValueError(f"rank index {rank} out of range 0..{n - 1}")
     files: dict[str, str] = {}
     for idx, (hca, netdev, port, _dom) in enumerate(HCAS):
         macaddr = mac(rank, idx)
-        up = True  # a ring uses both QSFP ports of every rank
+        up = port in cabled_ports(rank, topology) and port not in unplugged
         primary_twin = not hca.startswith("roceP2")
-        ip = port_ip(rank, port, n) if primary_twin else None
+        ip = port_ip(rank, port, n, topology) if primary_twin else None
         ifindex = 3 + idx
         files.update(_netdev_files(f"class/net/{netdev}", macaddr, MTU, SPEED, up, ifindex))
         files.update(_netdev_files(f"class/infiniband/{hca}/device/net/{netdev}", macaddr, MTU,
@@ -157,27 +182,29 @@ def sysfs_tree(rank: int, n: int = N_RANKS) -> dict[str, str]:
     return files
 
 
-def fabric_truth(rank: int, n: int = N_RANKS) -> dict:
+def fabric_truth(rank: int, n: int = N_RANKS, topology: str = "ring") -> dict:
     """What a correct probe must conclude for this rank."""
     port = FABRIC_PORT.get(rank, 0)
     twins = [h for h, _nd, p, _d in HCAS if p == port]
     netdev = next(nd for h, nd, p, d in HCAS if p == port and d == "0000")
     hca = twins[0]
-    ip = port_ip(rank, port, n)
+    ip = port_ip(rank, port, n, topology)
     table = _gid_table(rank, netdev, mac(rank, [h for h, *_ in HCAS].index(hca)), ip, port)
     gid_index = next(i for i, (g, t, _nd) in enumerate(table)
                      if t == "RoCE v2" and g == _ipv4_mapped(ip))
     ports = []
-    for pp in (0, 1):
+    for pp in cabled_ports(rank, topology):
         ports.append({
             "port": pp,
-            "ip": port_ip(rank, pp, n),
+            "ip": port_ip(rank, pp, n, topology),
             "netdev": next(nd for h, nd, p, d in HCAS if p == pp and d == "0000"),
             "hcas": [h for h, _nd, p, _d in HCAS if p == pp],
-            "peer_rank": port_peer(rank, pp, n),
-            "subnet": str(_link_subnet(rank if pp == 0 else (rank - 1) % n)),
+            "peer_rank": port_peer(rank, pp, n) if topology == "ring" else None,
+            "subnet": str(_link_subnet(rank if pp == 0 else (rank - 1) % n)) if topology == "ring"
+            else f"{FABRIC_NET}/{SWITCH_PREFIX}",
         })
     return {
+        "topology": topology,
         "rank": rank,
         "name": f"spark{rank + 1}",
         "fabric_ip": ip,
@@ -185,7 +212,7 @@ def fabric_truth(rank: int, n: int = N_RANKS) -> dict:
         "netdev": netdev,
         "hca": hca,
         "hca_twins": twins,
-        "hcas_in_use": [h for h, *_ in HCAS],  # a ring uses both ports
+        "hcas_in_use": [h for h, _nd, p, _d in HCAS if p in cabled_ports(rank, topology)],
         "gid_index": gid_index,
         "gid": _ipv4_mapped(ip),
         "link_local_gid_index": 1,
@@ -196,15 +223,17 @@ def fabric_truth(rank: int, n: int = N_RANKS) -> dict:
     }
 
 
-def ip_addr_json(rank: int, n: int = N_RANKS) -> list[dict]:
+def ip_addr_json(rank: int, n: int = N_RANKS, topology: str = "ring") -> list[dict]:
     """What ``ip -j -4 addr show`` would print for the fabric netdevs (sysfs holds no IPs)."""
     out = []
     for idx, (hca, netdev, port, dom) in enumerate(HCAS):
-        entry = {"ifindex": 3 + idx, "ifname": netdev, "mtu": MTU, "operstate": "UP",
-                 "address": mac(rank, idx), "addr_info": []}
-        if dom == "0000":
-            entry["addr_info"].append({"family": "inet", "local": port_ip(rank, port, n),
-                                       "prefixlen": 30, "scope": "global"})
+        cabled = port in cabled_ports(rank, topology)
+        entry = {"ifindex": 3 + idx, "ifname": netdev, "mtu": MTU,
+                 "operstate": "UP" if cabled else "DOWN", "address": mac(rank, idx), "addr_info": []}
+        ip = port_ip(rank, port, n, topology)
+        if dom == "0000" and ip:
+            entry["addr_info"].append({"family": "inet", "local": ip,
+                                       "prefixlen": prefix_len(topology), "scope": "global"})
         out.append(entry)
     return out
 

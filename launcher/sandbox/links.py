@@ -7,6 +7,11 @@ pings and its don't-fragment ping at 9000 run over real interfaces with the fabr
 and a cut cable is one `ip link del` away. The RDMA half (HCAs, GID tables) stays a fixture: no
 RoCE exists here.
 
+Cabled as a switch (`sandbox up --topology switch`), each rank's fabric port gets a veth pair
+to a bridge (MTU 9000) in a network namespace of its own, ``sparkstack-switch``: the switch is
+its own box, so the host's firewall and bridge-netfilter settings never see the fabric's frames,
+and the host holds no fabric address.
+
 A pair lives as long as both namespaces: when a rank container is recreated its end vanishes and
 the kernel removes the other end with it, so `wire` finds the cable missing and lays it again.
 Needs root on the host (it is the host's `ip` and `nsenter`); `up` says so when it cannot.
@@ -42,6 +47,10 @@ def _netdev(port: int) -> str:
     return next(nd for _h, nd, p, dom in fabric.HCAS if p == port and dom == "0000")
 
 
+SWITCH_NS = "sparkstack-switch"
+SWITCH_BRIDGE = "fabric0"
+
+
 def cables(n: int) -> list[Cable]:
     """The ring's links, pure: every rank's port 0 to the next rank's port 1."""
     out = []
@@ -55,6 +64,16 @@ def cables(n: int) -> list[Cable]:
 def _ip(pid: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", *args], capture_output=True,
                           text=True, check=check, timeout=10)
+
+
+def switch_ends(n: int) -> list[End]:
+    """Each rank's switch-facing port, with its /24 address, pure."""
+    out = []
+    for k in range(n):
+        port = fabric.cabled_ports(k, "switch")[0]
+        ip = fabric.port_ip(k, port, n, "switch")
+        out.append(End(k, _netdev(port), f"{ip}/{fabric.SWITCH_PREFIX}"))
+    return out
 
 
 def _has(pid: int, end: End) -> bool:
@@ -83,36 +102,87 @@ def _lay(cable: Cable, pids: dict[int, int]) -> None:
         _ip(pid, "link", "set", end.netdev, "up")
 
 
+def _sw(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "-n", SWITCH_NS, *args], capture_output=True, text=True,
+                          check=check, timeout=10)
+
+
+def _ensure_switch() -> None:
+    if subprocess.run(["ip", "netns", "exec", SWITCH_NS, "true"], capture_output=True,
+                      timeout=10).returncode != 0:
+        subprocess.run(["ip", "netns", "add", SWITCH_NS], capture_output=True, text=True,
+                       check=True, timeout=10)
+    if _sw("link", "show", SWITCH_BRIDGE, check=False).returncode != 0:
+        _sw("link", "add", SWITCH_BRIDGE, "mtu", str(fabric.MTU), "type", "bridge")
+    _sw("link", "set", SWITCH_BRIDGE, "up")
+
+
+def remove_switch() -> None:
+    """The switch namespace goes, and with it every rank's switch cable."""
+    subprocess.run(["ip", "netns", "del", SWITCH_NS], capture_output=True, timeout=10)
+
+
+def _lay_switch_port(end: End, pid: int) -> None:
+    port_name = f"sw{end.rank}"
+    _ip(pid, "link", "del", end.netdev, check=False)
+    _sw("link", "del", port_name, check=False)
+    subprocess.run(["ip", "link", "add", "name", end.netdev, "netns", str(pid), "mtu", str(fabric.MTU),
+                    "type", "veth", "peer", "name", port_name, "netns", SWITCH_NS, "mtu", str(fabric.MTU)],
+                   capture_output=True, text=True, check=True, timeout=10)
+    _sw("link", "set", port_name, "master", SWITCH_BRIDGE, "up")
+    _ip(pid, "addr", "add", end.ip, "dev", end.netdev)
+    _ip(pid, "link", "set", end.netdev, "up")
+
+
 def fence(pid: int) -> None:
     """The fabric's addresses never leave a rank by its management interface: without this a
     ping to a non-neighbour's fabric IP follows the default route out of this host. A real ring
     has no such route either; here it would reach addresses that are not ours."""
-    _ip(pid, "route", "replace", "unreachable", FABRIC_NET)
+    _ip(pid, "route", "del", "unreachable", FABRIC_NET, check=False)  # one without a metric
+    # a high metric: a switch's connected /24 (metric 0) wins over it, a ring's /30s are narrower
+    _ip(pid, "route", "replace", "unreachable", FABRIC_NET, "metric", "4096")
 
 
-def wire(pids: dict[int, int], n: int) -> list[int]:
-    """Lay every missing cable of the ring between the ranks' namespaces ({rank index: pid of a
-    process in it}), fencing the fabric subnet first. Returns the links laid; idempotent."""
-    laid = []
-    for pid in pids.values():
-        try:
+def wire(pids: dict[int, int], n: int, topology: str = "ring") -> list[int]:
+    """Lay every missing cable between the ranks' namespaces ({rank index: pid of a process in
+    it}), fencing the fabric subnet first, and remove the other topology's cables. Returns the
+    links (ring) or ranks (switch) laid; idempotent."""
+    try:
+        for pid in pids.values():
             fence(pid)
-        except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired) as e:
-            raise SandboxError(f"cannot fence the fabric subnet in a rank: {getattr(e, 'stderr', None) or e}",
-                               "run `sparkstack sandbox up` as root") from None
+        if topology == "switch":
+            return _wire_switch(pids, n)
+        remove_switch()
+        return _wire_ring(pids, n)
+    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired) as e:
+        why = (getattr(e, "stderr", None) or str(e)).strip()
+        raise SandboxError(f"cannot lay the sandbox's fabric cables ({topology}): {why}",
+                           "run `sparkstack sandbox up` as root (it creates veth pairs with "
+                           "`ip` and `nsenter`)") from None
+
+
+def _wire_ring(pids: dict[int, int], n: int) -> list[int]:
+    laid = []
     for cable in cables(n):
         if _has(pids[cable.a.rank], cable.a) and _has(pids[cable.b.rank], cable.b):
             continue
-        try:
-            _lay(cable, pids)
-        except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired) as e:
-            why = (getattr(e, "stderr", None) or str(e)).strip()
-            raise SandboxError(f"cannot lay the fabric cable of ring link {cable.link} "
-                               f"(rank {cable.a.rank} {cable.a.netdev} <-> rank {cable.b.rank} "
-                               f"{cable.b.netdev}): {why}",
-                               "run `sparkstack sandbox up` as root (it creates veth pairs with "
-                               "`ip` and `nsenter`)") from None
+        _lay(cable, pids)
         laid.append(cable.link)
+    return laid
+
+
+def _wire_switch(pids: dict[int, int], n: int) -> list[int]:
+    _ensure_switch()
+    laid = []
+    for end in switch_ends(n):
+        pid = pids[end.rank]
+        for _h, netdev, _p, dom in fabric.HCAS:  # a ring's cables on the other port go
+            if dom == "0000" and netdev != end.netdev:
+                _ip(pid, "link", "del", netdev, check=False)
+        if _has(pid, end) and _sw("link", "show", f"sw{end.rank}", check=False).returncode == 0:
+            continue
+        _lay_switch_port(end, pid)
+        laid.append(end.rank)
     return laid
 
 

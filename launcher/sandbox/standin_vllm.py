@@ -12,6 +12,15 @@ What it mimics, for what the kit touches:
   `vllm --version` prints the version.
 - it records its argv, parsed options and full environment as JSON (see write_record) so tests
   can assert on exactly what the launcher started;
+- it starts like vLLM 0.33, refusing what vLLM refuses, with vLLM's message:
+  * the model: `<model>/config.json` must be there and parse, with weights beside it
+    (`*.safetensors` or their index) -- a checkpoint that is not mounted fails;
+  * multi-node (`--nnodes N --node-rank R --master-addr A [--master-port P] [--headless]`): the
+    ranks meet at A:P and open the connections torch.distributed, NCCL and Gloo open, over the
+    interfaces the environment selects (standin_dist.py, beside this file);
+  * then vLLM's startup guard (`request_memory`, run by every worker whether or not
+    `--kv-cache-memory-bytes` is given): free memory = MemAvailable - what the worker holds
+    (SANDBOX_VLLM_HELD_GIB) must be >= MemTotal x --gpu-memory-utilization (default 0.92);
 - `--headless` serves nothing (a multi-node worker rank) until SIGTERM;
 - otherwise the OpenAI API: GET /health, /v1/models, /metrics (vLLM metric names), /version and
   POST /v1/chat/completions (streaming SSE with usage, reasoning, a needle-answering trick),
@@ -29,8 +38,11 @@ Environment knobs (all optional):
   SANDBOX_VLLM_FAIL                 exit:<code> (crash after the startup log) | malformed (broken
                                     SSE chunks / JSON bodies) | unset = normal
   SANDBOX_VLLM_FAIL_NODE_RANK       if set, the exit:<code> fault applies only to that --node-rank
-  SANDBOX_VLLM_MAX_GPU_UTIL         if set, refuse (exit 1) a --gpu-memory-utilization (vLLM
-                                    default 0.9) above it, like vLLM's free-memory startup guard
+  SANDBOX_VLLM_MEMINFO              the meminfo the startup guard reads (/proc/meminfo: in the
+                                    sandbox, the rank's GB10 figures)
+  SANDBOX_VLLM_HELD_GIB             what a worker holds (CUDA context, NCCL, cuBLAS) when vLLM's
+                                    startup guard measures free memory (14, seed 000's figure)
+  SANDBOX_VLLM_DIST_TIMEOUT_S       how long multi-node ranks wait for each other (120)
   SANDBOX_VLLM_MIN_NOFILE           if set, refuse (exit 1) a soft RLIMIT_NOFILE below it, like
                                     NCCL's "Too many open files" at 4 ranks
   SANDBOX_RAY_WAIT_S                with --distributed-executor-backend ray: how long to wait for
@@ -249,20 +261,84 @@ def installed_patches() -> list[str]:
     return sorted(set(found))
 
 
-def startup_guards(options: dict) -> str | None:
-    """Opt-in imitations of refusals the seeds hit on real Sparks; returns the error or None."""
-    limit = os.environ.get("SANDBOX_VLLM_MAX_GPU_UTIL")
-    util = options.get("gpu_memory_utilization", 0.9)
-    if limit and util > float(limit):
-        return (f"ValueError: Free memory on device cuda:0 on startup is less than desired GPU "
-                f"memory utilization ({util}). Decrease GPU memory utilization or use "
-                f"--kv-cache-memory-bytes.")
+GIB = 1024 ** 3
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM 0.33's CacheConfig default
+DEFAULT_MASTER_PORT = 29501  # vLLM 0.33's --master-port default
+
+
+def read_meminfo(path: str) -> dict[str, int]:
+    """/proc/meminfo as {field: bytes}."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            fields = rest.split()
+            if fields and fields[0].isdigit():
+                out[name] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    return out
+
+
+def memory_guard(options: dict) -> str | None:
+    """vLLM's `request_memory` (vllm/v1/worker/utils.py): on a GB10 the device's free memory is
+    MemAvailable less what this worker already holds; total is MemTotal."""
+    info = read_meminfo(os.environ.get("SANDBOX_VLLM_MEMINFO", "/proc/meminfo"))
+    total = info["MemTotal"]
+    free = info.get("MemAvailable", info.get("MemFree", 0)) - knob("SANDBOX_VLLM_HELD_GIB", 14) * GIB
+    util = options.get("gpu_memory_utilization")
+    util = DEFAULT_GPU_MEMORY_UTILIZATION if util is None else float(util)
+    if free < total * util:
+        return (f"ValueError: Free memory on device cuda:0 ({free / GIB:.2f}/{total / GIB:.2f} GiB) "
+                f"on startup is less than desired GPU memory utilization ({util}, "
+                f"{total * util / GIB:.2f} GiB). Decrease GPU memory utilization or reduce GPU "
+                f"memory used by other processes.")
+    return None
+
+
+def nofile_guard() -> str | None:
     need = os.environ.get("SANDBOX_VLLM_MIN_NOFILE")
     have = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if need and have != resource.RLIM_INFINITY and have < int(need):
         return ("RuntimeError: NCCL error: unhandled system error "
                 f"(Too many open files, nofile={have})")
     return None
+
+
+def read_model(model: str) -> str | None:
+    """What vLLM's config loading and weight loader refuse: no config.json, a broken one, or no
+    weights beside it. Returns the error or None."""
+    config = os.path.join(model, "config.json")
+    if not os.path.isfile(config):
+        return (f"ValueError: Invalid repository ID or local directory specified: '{model}'.\n"
+                "Please verify the following requirements:\n1. Provide a valid Hugging Face "
+                "repository ID.\n2. Specify a local directory that contains a recognized "
+                "configuration file.")
+    try:
+        with open(config) as f:
+            json.load(f)
+    except (OSError, ValueError) as e:
+        return f"OSError: It looks like the config file at '{config}' is not a valid JSON file. ({e})"
+    names = os.listdir(model)
+    if not any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+        return f"RuntimeError: Cannot find any model weights with `{model}`"
+    return None
+
+
+def join_cluster(options: dict) -> str | None:
+    """Multi-node with vLLM's own executor: meet the other ranks and connect as the real stack
+    does (standin_dist.form_cluster); None when every connection was made."""
+    nnodes = int(options.get("nnodes") or 1)
+    if nnodes <= 1 or options.get("distributed_executor_backend") == "ray":
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+    import standin_dist
+
+    master = options.get("master_addr") or "127.0.0.1"
+    port = int(options.get("master_port") or DEFAULT_MASTER_PORT)
+    log(f"node rank {options.get('node_rank', 0)} of {nnodes}: rendezvous at {master}:{port}")
+    return standin_dist.form_cluster(
+        node_rank=int(options.get("node_rank") or 0), nnodes=nnodes, master_addr=master,
+        master_port=port, env=os.environ, timeout_s=knob("SANDBOX_VLLM_DIST_TIMEOUT_S", 120),
+        stop=STOP, log=log)
 
 
 # ---------------------------------------------------------------- the fake engine
@@ -636,7 +712,7 @@ def main(argv: list[str]) -> int:
                  "headless" if headless else "api")
     log(f"vLLM API server version {version} (SANDBOX STAND-IN, not vLLM)")
     log(f"non-default args: {options} model={model!r}")
-    problem = startup_guards(options)
+    problem = read_model(model) or nofile_guard()
     if problem:
         log(problem, "ERROR")
         return 1
@@ -648,6 +724,10 @@ def main(argv: list[str]) -> int:
         log(f"EngineCore failed to start (simulated by SANDBOX_VLLM_FAIL={fail})", "ERROR")
         return int(fail[5:])
     if options.get("distributed_executor_backend") == "ray" and not wait_for_ray(options):
+        return 1
+    problem = join_cluster(options) or memory_guard(options)
+    if problem:
+        log(problem, "ERROR")
         return 1
     if wait_for_signal(knob("SANDBOX_VLLM_STARTUP_S", 0)):  # "loading weights"
         return 0
