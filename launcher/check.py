@@ -24,16 +24,16 @@ from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address, ip_interface
 from pathlib import Path
 
-from . import fabric, node_settings
+from . import fabric, node_settings, vllm_guard
 from .config import Loaded
 from .errors import SparkstackError
 from .facts import UNLIMITED, Facts
 from .gather import RankFacts
 from .kv import GIB, gib
-from .plan import MemoryNeed, Plan
+from .plan import MemoryNeed, Plan, memory_guard, rank_memory
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
-ORDER = ("ssh", "docker", "image", "gpu", "memory", "swap", "sysctls", "ulimits", "link",
+ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "ulimits", "link",
          "roce", "mtu", "peers", "jumbo", "checkpoint", "disk", "clock")
 OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
 CLOCK_TOLERANCE_S = 1.0
@@ -200,6 +200,7 @@ class Inputs:
     extras: dict[int, Extras] = field(default_factory=dict)
 
     _fabrics: dict = field(default_factory=dict, repr=False)
+    _guard: vllm_guard.Guard | None = field(default=None, repr=False)
 
     @property
     def facts(self) -> dict[int, Facts]:
@@ -212,6 +213,13 @@ class Inputs:
             self._fabrics[r] = fabric.assess(self.facts[r], cluster.ranks[r].fabric_ips, cluster.topology,
                                              rank=f"rank {r} ({cluster.ranks[r].label})")
         return self._fabrics[r]
+
+    def guard(self) -> vllm_guard.Guard:
+        """vLLM's startup guard at the utilisation the plan would pass on these facts, once;
+        raises ConfigError for a utilisation that is not a number."""
+        if self._guard is None:
+            self._guard = memory_guard(self.loaded, rank_memory(self.loaded, self.facts, []))
+        return self._guard
 
 
 def evaluate(inp: Inputs) -> Report:
@@ -312,6 +320,47 @@ def _check_memory(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
                "(`ps aux --sort=-rss | head`), then sparkstack prep")
     else:
         rr.add("memory", PASS, f"{shown}; margin {gib(avail - need.total)}")
+
+
+def _check_vllm_guard(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """vLLM refuses to start when free memory < MemTotal × --gpu-memory-utilization
+    (launcher/vllm_guard.py); the fix names the utilisation every rank clears with the margin."""
+    name, engine = "vllm guard", inp.loaded.profile.engine
+    if engine != "vllm":
+        rr.add(name, PASS, f"not vLLM ({engine}): no startup memory guard")
+        return
+    if f.memory is None:
+        rr.add(name, FAIL, "/proc/meminfo unreadable", "check the rank's /proc")
+        return
+    try:
+        guard = inp.guard()
+    except SparkstackError as e:
+        rr.add(name, FAIL, e.message, "fix the config or profile (see `sparkstack plan`)")
+        return
+    g = next(x for x in guard.ranks if x.rank == r)
+    free_more = ("free memory on this rank: sparkstack prep (drops page caches), stop what else "
+                 "holds memory (`ps aux --sort=-rss | head`)")
+    if g.highest <= 0:
+        rr.add(name, FAIL, f"no --gpu-memory-utilization clears vLLM's guard: free {gib(g.free)} "
+               f"(MemAvailable {gib(g.mem_available)} − runtime {gib(g.runtime_overhead)}) of "
+               f"MemTotal {gib(g.mem_total)}", free_more)
+        return
+    util, whose = guard.utilization, {"plan": "planned", "profile": "the profile's",
+                                      "config": "cluster.yaml's"}[guard.source]
+    if util is None:  # another rank clears nothing: its row fails
+        rr.add(name, PASS, f"clears up to {g.highest} with margin {g.margin}")
+        return
+    shown = f"--gpu-memory-utilization {util} ({whose}): {g.explain()}"
+    use = (f"set --gpu-memory-utilization {guard.highest} or less in cluster.yaml "
+           "overrides.engine_args (or drop it: the plan picks one)")
+    if g.refusal:
+        rr.add(name, FAIL, f"{shown}; vLLM refuses: ValueError: {g.refusal}",
+               use if guard.highest > 0 else free_more)
+    elif util > g.highest:
+        rr.add(name, WARN, f"{shown}; less than the margin {g.margin} to spare: MemAvailable "
+               "moves before the worker measures", use)
+    else:
+        rr.add(name, PASS, f"{shown}; clears up to {g.highest} with margin {g.margin}")
 
 
 def _check_swap(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -524,7 +573,7 @@ def _check_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("clock", PASS, shown)
 
 
-CHECKS = {name: globals()[f"_check_{name}"] for name in ORDER[1:]}
+CHECKS = {name: globals()[f"_check_{name.replace(' ', '_')}"] for name in ORDER[1:]}
 
 
 # --- gathering and running ---------------------------------------------------------------------

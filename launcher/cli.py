@@ -47,7 +47,8 @@ def plan(config_file, as_json, show_secrets, offline):
     """Show what `up` would run on every rank, touching nothing.
 
     Per rank: the environment, the `docker run` argv, the engine argv (after `vllm serve`), and
-    the KV sizing: bytes per token, the --kv-cache-memory-bytes to pass and the tokens that fit.
+    the KV sizing: bytes per token, the --kv-cache-memory-bytes to pass and the tokens that fit;
+    the --gpu-memory-utilization that clears vLLM's startup guard, with its arithmetic per rank.
     The ranks are probed first (read-only, one command each) for their MemAvailable and their
     own fabric environment; ranks that do not answer within a few seconds are planned offline.
     Inputs that could not be read (the checkpoint, the ranks' memory) fall back on the profile's
@@ -79,10 +80,25 @@ def _print_plan(loaded, result, data) -> None:
                   f"({sizing.kv_cache_memory_bytes / 2**30:.1f} GiB) → {sizing.max_tokens:,} tokens")
         out.print(f"        budget: {sizing.budget.explain()}"
                   + (" (the profile's fixed figure is used)" if sizing.fixed else ""))
+    if result.guard:
+        _print_guard(result.guard)
     if result.assumed:
         out.print("\n[bold yellow]assumed[/] (not read from the cluster):")
         for line in result.assumed:
             out.print(f"  - {line}")
+
+
+def _print_guard(guard) -> None:
+    """vLLM's startup guard per rank: free at start must cover MemTotal × utilisation."""
+    shown = guard.utilization if guard.utilization is not None else "none fits"
+    whose = {"plan": "planned", "profile": "the profile's", "config": "cluster.yaml's"}[guard.source]
+    out.print(f"\n[bold]guard[/]   --gpu-memory-utilization {shown} ({whose}; with margin "
+              f"{guard.margin} every rank clears up to {guard.highest}): vLLM refuses to start "
+              "when free < MemTotal × utilisation")
+    for g in guard.ranks:
+        out.print(f"        rank {g.rank}: {g.explain()}", markup=False)
+    if guard.note:
+        out.print(f"        [yellow]note[/]: {guard.note}")
 
 
 @main.command()
@@ -568,7 +584,8 @@ def check(config_file, as_json, verbose, trust_new_hosts, bandwidth):
 
     \b
     ssh, docker, image (the profile's serving image, same ID on every rank), gpu, memory
-    (MemAvailable vs weights + KV + runtime + headroom), swap, sysctls, ulimits (what a
+    (MemAvailable vs weights + KV + runtime + headroom), vllm guard (free at start vs MemTotal ×
+    --gpu-memory-utilization, as vLLM checks it), swap, sysctls, ulimits (what a
     container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
     fabric IP), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
     ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s).

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
-from . import vllm_flags
+from . import vllm_flags, vllm_guard
 from .errors import ConfigError, load_yaml_model
 from .profile import PROFILES_DIR, Profile, Strict, load_profile
 
@@ -85,6 +85,8 @@ class Overrides(Strict):
     env: dict[str, str] = {}
     headroom_gib: NonNegativeFloat = 8.0
     runtime_overhead_gib: NonNegativeFloat = 14.0
+    # how far below vLLM's startup guard the planned --gpu-memory-utilization stays (vllm_guard.py)
+    utilization_margin: float = Field(vllm_guard.MARGIN, ge=0, lt=1)
     api_port: int | None = Field(None, ge=1, le=65535)
     api_key: str | None = None  # passed as VLLM_API_KEY in the container env, masked in output
     sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0

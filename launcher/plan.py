@@ -11,15 +11,17 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import engine, fabric, kv, vllm_flags
+from . import engine, fabric, kv, vllm_flags, vllm_guard
 from .checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
 from .config import ContainerSettings, Loaded, Rank
-from .errors import PlanRefused
+from .errors import ConfigError, PlanRefused
 from .facts import Facts
 
-# A GB10's MemTotal (127,600,000 kB ≈ 121.7 GiB): what MemAvailable returns to once page caches
-# are dropped and nothing runs. Used only when no rank's /proc/meminfo has been read.
-GB10_MEM_AVAILABLE = 127_600_000 * 1024
+# A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
+# 127,600,000 kB (≈ 121.7 GiB, DESIGN.md), and MemAvailable once page caches are dropped and
+# nothing runs: 122,771,456 kB (≈ 117.1 GiB, tests/facts_cases/meminfo_gb10_caches_dropped.json).
+GB10_MEM_TOTAL = 127_600_000 * 1024
+GB10_MEM_AVAILABLE = 122_771_456 * 1024
 
 CONTAINER_NAME = "sparkstack-engine"
 RING_ENV = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
@@ -71,6 +73,7 @@ class Plan:
     kv: kv.KvSizing | None
     image: str
     assumed: list[str] = field(default_factory=list)
+    guard: vllm_guard.Guard | None = None  # vLLM's startup memory guard; None: not vLLM
 
     def to_json(self, reveal_secrets: bool = False) -> dict:
         def env(e: dict[str, str]) -> dict[str, str]:
@@ -86,6 +89,7 @@ class Plan:
             "kv": {"bytes_per_token": sizing.bytes_per_token if sizing else None,
                    "kv_cache_memory_bytes": sizing.kv_cache_memory_bytes if sizing else None,
                    "max_tokens": sizing.max_tokens if sizing else None},
+            "vllm_guard": self.guard.to_json() if self.guard else None,
             "assumed": self.assumed,
         }
 
@@ -112,30 +116,34 @@ def read_model(loaded: Loaded, tp: int, pp: int, assumed: list[str]) -> ModelFac
 
 
 def build(loaded: Loaded, model: ModelFacts | None = None,
-          mem_available: dict[int, int] | None = None,
           facts: dict[int, Facts] | None = None) -> Plan:
-    """The whole plan. `model`, `mem_available` (rank -> bytes) and `facts` (rank -> the
-    probe's Facts) come from the cluster when it is reachable; without them the plan falls back
-    on documented defaults. Facts supply each rank's MemAvailable (unless `mem_available` is
-    given) and its own fabric environment (launcher.fabric)."""
+    """The whole plan. `model` and `facts` (rank -> the probe's Facts) come from the cluster
+    when it is reachable; without them the plan falls back on documented defaults. Facts supply
+    each rank's memory (KV sizing, vLLM's startup guard) and its own fabric environment
+    (launcher.fabric)."""
     cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
     assumed: list[str] = []
     facts = facts or {}
-    if mem_available is None:
-        mem_available = {r: f.memory.available for r, f in facts.items() if f.memory}
+    memory = rank_memory(loaded, facts, assumed)
     tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
     pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
     model = model or read_model(loaded, tp, pp, assumed)
-    sizing = _size_kv(loaded, model, mem_available, assumed)
+    sizing = _size_kv(loaded, model, memory, assumed)
+    guard = memory_guard(loaded, memory) if profile.engine == "vllm" else None
+    if guard and guard.utilization is None:
+        raise PlanRefused(f"profile {profile.name} cannot start: {guard.note}. Free memory on that "
+                          "rank (sparkstack prep) or lower overrides.runtime_overhead_gib")
     image = _image(loaded, assumed)
     fabric_env = fabric_envs(loaded, facts, assumed) if profile.engine == "vllm" else {}
     managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
         vllm_flags.value(flags, "tensor_parallel_size") is None else []
     if sizing and not profile.kv.engine_managed:
         managed.append(vllm_flags.Flag("--kv-cache-memory-bytes", (str(sizing.kv_cache_memory_bytes),)))
+    if guard and guard.source == "plan":  # a profile's or the user's value that stays is as written
+        managed.append(vllm_flags.Flag("--gpu-memory-utilization", (str(guard.utilization),)))
     ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}))
              for r in range(len(cluster.ranks))]
-    return Plan(ranks, sizing, image, assumed)
+    return Plan(ranks, sizing, image, assumed, guard)
 
 
 def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
@@ -188,16 +196,54 @@ def memory_need(loaded: Loaded, model: ModelFacts | None = None) -> MemoryNeed:
                       kv_min, kv_why, tuple(assumed))
 
 
-def _size_kv(loaded: Loaded, model: ModelFacts, mem_available: dict[int, int],
+def rank_memory(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, tuple[int, int]]:
+    """Each rank's (MemTotal, MemAvailable) from its /proc/meminfo, else a GB10's with page
+    caches dropped (listed in `assumed`)."""
+    read = {r: (f.memory.total, f.memory.available) for r, f in facts.items() if f.memory}
+    n = len(loaded.cluster.ranks)
+    if len(read) < n:
+        assumed.append(f"MemAvailable: {kv.gib(GB10_MEM_AVAILABLE)} of MemTotal "
+                       f"{kv.gib(GB10_MEM_TOTAL)} per rank (a GB10 with page caches dropped) "
+                       "for ranks whose /proc/meminfo was not read")
+    return {r: read.get(r, (GB10_MEM_TOTAL, GB10_MEM_AVAILABLE)) for r in range(n)}
+
+
+def memory_guard(loaded: Loaded, memory: dict[int, tuple[int, int]]) -> vllm_guard.Guard:
+    """The --gpu-memory-utilization that clears vLLM's startup guard on every rank with the
+    config's margin (launcher/vllm_guard.py), or the value the config or profile gives."""
+    o = loaded.cluster.overrides
+    given, given_by = _given_utilization(loaded)
+    return vllm_guard.choose(memory, int(o.runtime_overhead_gib * kv.GIB), o.utilization_margin,
+                             given, given_by, loaded.profile.name)
+
+
+def _given_utilization(loaded: Loaded) -> tuple[float | None, str]:
+    """The --gpu-memory-utilization written in cluster.yaml's overrides.engine_args ("config")
+    or else in the profile ("profile"); (None, "plan") when neither sets one."""
+    written = vllm_flags.value(loaded.flags, "gpu_memory_utilization")
+    if written is None:
+        return None, "plan"
+    user = vllm_flags.parse(vllm_flags.split_lines(loaded.cluster.overrides.engine_args),
+                            frozenset(loaded.profile.plugin_flags))
+    by_user = vllm_flags.value(user, "gpu_memory_utilization") is not None
+    where = f"{loaded.path}: overrides.engine_args" if by_user else f"profile {loaded.profile.name}"
+    try:
+        utilization = float(written)
+    except ValueError:
+        utilization = float("nan")
+    if not 0 < utilization <= 1:
+        raise ConfigError([f"{where}: --gpu-memory-utilization {written!r}: expected a fraction "
+                           "of memory above 0 and at most 1, e.g. 0.8"])
+    return utilization, "config" if by_user else "profile"
+
+
+def _size_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int]],
              assumed: list[str]) -> kv.KvSizing:
     cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
     mtp = _mtp_enabled(flags)
     dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
     weights = _weights(loaded, model, mtp, assumed)
-    if len(mem_available) < len(cluster.ranks):
-        assumed.append(f"MemAvailable: {kv.gib(GB10_MEM_AVAILABLE)} per rank (a GB10's MemTotal, "
-                       "caches dropped) for ranks not probed")
-    smallest = min(mem_available.get(r, GB10_MEM_AVAILABLE) for r in range(len(cluster.ranks)))
+    smallest = min(available for _, available in memory.values())
     o = cluster.overrides
     budget = kv.KvBudget(smallest, weights, int(o.runtime_overhead_gib * kv.GIB), int(o.headroom_gib * kv.GIB))
     bpt = kv.bytes_per_token(model.shape, profile.kv.layout, mtp=mtp, dcp=dcp)

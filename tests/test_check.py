@@ -37,21 +37,25 @@ IMAGE_ID = "sha256:" + "ab" * 32
 
 # --- fixture facts: the sandbox's sysfs through the real probe, the rest set here ---------------
 
-@pytest.fixture(scope="module")
-def sandbox_config(tmp_path_factory):
-    """The sandbox's cluster.yaml as `sandbox up` writes it (no sandbox needed)."""
+def sandbox_cluster(directory: Path, **changes) -> config.Loaded:
+    """The sandbox's cluster.yaml as `sandbox up` writes it (no sandbox needed), with `changes`."""
     from launcher.sandbox import cluster, fabric as sfabric
 
-    d = tmp_path_factory.mktemp("cfg")
     ranks = [{"name": f"spark{i + 1}", "address": f"172.31.240.{11 + i}", "user": "spark",
               "fabric_ips": [sfabric.fabric_truth(i)["fabric_ip"]], "sysfs_root": "/sandbox/sysfs"}
              for i in range(4)]
     doc = {"profile": "sandbox", "topology": "ring", "ranks": ranks,
            "model": {"path": cluster.MODEL_PATH},
            "container": {"gpus": None, "devices": []}}  # the seeds' nofile and memlock
-    path = d / "cluster.yaml"
+    doc.update(changes)
+    path = directory / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc))
     return config.load(path)
+
+
+@pytest.fixture(scope="module")
+def sandbox_config(tmp_path_factory):
+    return sandbox_cluster(tmp_path_factory.mktemp("cfg"))
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +143,59 @@ def test_page_cache_and_a_lagging_rank_warn(sandbox_config, fabric_facts):
     assert row(report, 0, "memory").status == "warn" and "page cache" in row(report, 0, "memory").value
     assert row(report, 3, "memory").status == "warn" and "KV cache is sized to this one" in row(report, 3, "memory").value
     assert report.ok
+
+
+def test_vllm_guard_passes_with_the_arithmetic(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts))
+    # the healthy facts: MemAvailable 118 GiB less 0.1 GiB per rank; rank 3 is the tightest
+    assert row(report, 3, "vllm guard") == check.Row("vllm guard", "pass", (
+        "--gpu-memory-utilization 0.83 (planned): free 103.7 GiB (MemAvailable 117.7 − runtime "
+        "14.0) ≥ MemTotal 121.7 GiB × 0.83 = 101.0 GiB; clears up to 0.83 with margin 0.02"))
+    assert row(report, 0, "vllm guard").value.startswith("--gpu-memory-utilization 0.83 (planned): "
+                                                          "free 104.0 GiB (MemAvailable 118.0 − ")
+
+
+def test_vllm_guard_fails_a_users_utilization_with_the_number_to_use(tmp_path, fabric_facts):
+    loaded = sandbox_cluster(tmp_path, overrides={"engine_args": ["--gpu-memory-utilization 0.9"]})
+    report = check.evaluate(inputs(loaded, fabric_facts))
+    guard = row(report, 1, "vllm guard")
+    assert guard.status == "fail" and guard.value == (
+        "--gpu-memory-utilization 0.9 (cluster.yaml's): free 103.9 GiB (MemAvailable 117.9 − "
+        "runtime 14.0) < MemTotal 121.7 GiB × 0.9 = 109.5 GiB; vLLM refuses: ValueError: Free "
+        "memory on device cuda:0 (103.9/121.69 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 109.52 GiB). Decrease GPU memory utilization or reduce GPU memory used "
+        "by other processes.")
+    assert guard.fix == ("set --gpu-memory-utilization 0.83 or less in cluster.yaml "
+                         "overrides.engine_args (or drop it: the plan picks one)")
+    assert not report.ok
+
+
+def test_vllm_guard_warns_inside_the_margin_and_follows_the_tightest_rank(tmp_path, sandbox_config,
+                                                                           fabric_facts):
+    loaded = sandbox_cluster(tmp_path, overrides={"engine_args": ["--gpu-memory-utilization 0.845"]})
+    warned = row(check.evaluate(inputs(loaded, fabric_facts)), 0, "vllm guard")
+    assert warned.status == "warn" and "less than the margin 0.02 to spare" in warned.value
+    assert "--gpu-memory-utilization 0.83 or less" in warned.fix
+
+    # a rank with less memory lowers the planned figure for all: (100 − 14) / 121.69 − 0.02 = 0.6867
+    fuller = inputs(sandbox_config, fabric_facts, {2: {"memory": Memory(127_600_000 * 1024, 100 * GIB,
+                                                                       99 * GIB, 0, 0, 0, 0)}})
+    report = check.evaluate(fuller)
+    assert {row(report, r, "vllm guard").status for r in range(4)} == {"pass"}
+    assert row(report, 0, "vllm guard").value.startswith("--gpu-memory-utilization 0.68 (planned)")
+    built = plan.build(sandbox_config, facts=fuller.facts)
+    assert built.guard.utilization == 0.68 and "--gpu-memory-utilization 0.68" in " ".join(built.ranks[3].engine)
+
+
+def test_vllm_guard_fails_a_rank_nothing_clears(sandbox_config, fabric_facts):
+    starved = Memory(127_600_000 * 1024, 15 * GIB, 15 * GIB, 0, 0, 0, 0)
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"memory": starved}}))
+    guard = row(report, 1, "vllm guard")
+    assert guard.status == "fail" and guard.value == (
+        "no --gpu-memory-utilization clears vLLM's guard: free 1.0 GiB (MemAvailable 15.0 GiB − "
+        "runtime 14.0 GiB) of MemTotal 121.7 GiB")
+    assert guard.fix.startswith("free memory on this rank: sparkstack prep")
+    assert row(report, 0, "vllm guard").status == "pass"
 
 
 def test_image_missing_or_different_fails_naming_the_rank(sandbox_config, fabric_facts):
@@ -277,8 +334,8 @@ def test_healthy_sandbox(sandbox, loaded):
         sandbox.run(name, "sudo sysctl -q -w vm.swappiness=1 vm.compaction_proactiveness=0")
     report = check.run(loaded, image=sandbox.images["vllm"])
     s = statuses(report)
-    for name in ("ssh", "docker", "image", "gpu", "memory", "swap", "sysctls", "link", "roce", "mtu",
-                 "checkpoint", "disk", "clock"):
+    for name in ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "link",
+                 "roce", "mtu", "checkpoint", "disk", "clock"):
         assert s[name] == {"pass"}, (name, [row(report, r, name) for r in range(4)])
     assert s["ulimits"] == {"warn"}
     assert "(dockerd hard limit)" in row(report, 0, "ulimits").value

@@ -2,13 +2,13 @@
 
 import pytest
 
-from launcher import kv
+from launcher import kv, plan
 from launcher.checkpoint import ModelShape
 from launcher.profile import load_profile
 
 GLM53 = ModelShape(num_hidden_layers=78, num_nextn_predict_layers=1, kv_lora_rank=512,
                    qk_rope_head_dim=64, index_head_dim=128)
-GB10_MEM = 127_600_000 * 1024  # a GB10's MemTotal in bytes, ≈ 121.7 GiB
+GB10_MEM = plan.GB10_MEM_AVAILABLE  # a GB10's MemAvailable with page caches dropped, ≈ 117.1 GiB
 GIB = kv.GIB
 
 
@@ -31,7 +31,7 @@ def test_seed_003_57_kb_per_token_incl_indexer():
 
 
 def seed_000_budget() -> kv.KvBudget:
-    """Seed 000: 75 GiB weights + 5 GiB MTP per rank, MemAvailable ≈ 121.7 GiB, 14 GiB runtime."""
+    """Seed 000: 75 GiB weights + 5 GiB MTP per rank, MemAvailable ≈ 117.1 GiB, 14 GiB runtime."""
     return kv.KvBudget(GB10_MEM, 80 * GIB, 14 * GIB, 8 * GIB)
 
 
@@ -69,5 +69,5 @@ def test_mtp_layer_counts_only_when_it_drafts():
 
 def test_no_memory_left_is_refused_with_the_numbers():
     budget = kv.KvBudget(GB10_MEM, 110 * GIB, 14 * GIB, 8 * GIB)
-    with pytest.raises(kv.KvDoesNotFit, match=r"MemAvailable 121.7 GiB − weights 110.0 GiB"):
+    with pytest.raises(kv.KvDoesNotFit, match=r"MemAvailable 117.1 GiB − weights 110.0 GiB"):
         kv.size_kv(1000, budget, None)

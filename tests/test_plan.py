@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT, SHARED
 from launcher.cli import main
-from launcher.profile import profile_names
+from launcher.profile import load_profile, profile_names
 from test_checkpoint import checkpoint  # noqa: F401  (a small real checkpoint fixture)
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -34,7 +34,7 @@ def test_plan_matches_golden(write_config, profile):
 
 def test_plan_json_shape(write_config):
     data = plan_json(write_config())
-    assert set(data) == {"ranks", "kv", "assumed"}
+    assert set(data) == {"ranks", "kv", "vllm_guard", "assumed"}
     assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens"}
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert set(data["ranks"][0]) == {"rank", "host", "env", "docker_run", "engine"}
@@ -71,8 +71,11 @@ def test_seed_003_flags_appear_verbatim(write_config):
     text = seed_text("003")
     line, data = engine_line(write_config, "pollard-180k")
     for flags in ["--attention-backend CUSTOM --block-size 256 --kv-cache-dtype fp8",
-                  "--max-model-len 180000", "--gpu-memory-utilization 0.84"]:
+                  "--max-model-len 180000"]:
         assert flags in text and flags in line
+    # the seed's 0.84 (vLLM 0.28) leaves less than the margin under 0.33's startup guard
+    assert "--gpu-memory-utilization 0.84" in text and "--gpu-memory-utilization 0.82" in line
+    assert data["vllm_guard"]["note"].startswith("profile pollard-180k's --gpu-memory-utilization 0.84 lowered to 0.82")
     assert '--speculative-config \'{"method":"mtp","num_speculative_tokens":3}\'' in line
 
 
@@ -139,7 +142,98 @@ def test_offline_plan_lists_what_it_assumed(write_config):
     assumed = plan_json(write_config())["assumed"]
     assert any(a.startswith("model shape: profile keys-1m-dcp4") for a in assumed)
     assert any("75 GiB + 5 GiB MTP" in a or "75.0 GiB + 5.0 GiB MTP" in a for a in assumed)
-    assert any(a.startswith("MemAvailable: 121.7 GiB") for a in assumed)
+    assert "MemAvailable: 117.1 GiB of MemTotal 121.7 GiB per rank (a GB10 with page caches dropped) " \
+        "for ranks whose /proc/meminfo was not read" in assumed
+
+
+def flag(engine, name):
+    return [engine[i + 1] for i, token in enumerate(engine) if token == name]
+
+
+@pytest.mark.parametrize("profile", profile_names())
+def test_every_vllm_profile_clears_the_startup_guard(write_config, profile):
+    """vLLM 0.33 refuses to start when free < MemTotal × utilisation (default 0.92): every vLLM
+    plan passes one utilisation that every rank clears with the margin (offline: a GB10 with
+    caches dropped, 117.1 of 121.7 GiB, less 14 GiB of runtime: 0.82)."""
+    data = plan_json(write_config(lambda d: d.update(profile=profile)))
+    guard = data["vllm_guard"]
+    if load_profile(profile).engine != "vllm":
+        assert guard is None and all(not flag(r["engine"], "--gpu-memory-utilization") for r in data["ranks"])
+        return
+    assert guard["gpu_memory_utilization"] == guard["highest"] == 0.82 and guard["margin"] == 0.02
+    for rank, g in zip(data["ranks"], guard["ranks"]):
+        assert flag(rank["engine"], "--gpu-memory-utilization") == ["0.82"]
+        assert g["mem_total"] == 127_600_000 * 1024 and g["mem_available"] == 122_771_456 * 1024
+        assert g["free"] == g["mem_available"] - 14 * 2**30
+        assert g["need"] == -(-g["mem_total"] * 82 // 100) <= g["free"] and not g["refused"]
+        assert (g["free"] - g["need"]) / g["mem_total"] >= 0.02
+
+
+def test_planned_utilization_follows_the_kv_flag(write_config):
+    engine = plan_json(write_config())["ranks"][1]["engine"]
+    at = engine.index("--kv-cache-memory-bytes")
+    assert engine[at + 2:at + 4] == ["--gpu-memory-utilization", "0.82"]
+
+
+def test_profile_utilization_kept_only_when_it_clears(tmp_path, write_config):
+    """pollard-180k's 0.84 is lowered (with the reason); a profile's 0.80 is kept."""
+    data = plan_json(write_config(lambda d: d.update(profile="pollard-180k")))
+    guard = data["vllm_guard"]
+    assert guard["source"] == "plan" and guard["note"] == (
+        "profile pollard-180k's --gpu-memory-utilization 0.84 lowered to 0.82: rank 0: "
+        "(MemAvailable 117.1 − runtime 14.0) / MemTotal 121.7 GiB − margin 0.02 = 0.8271")
+    assert flag(data["ranks"][0]["engine"], "--gpu-memory-utilization") == ["0.82"]
+
+    text = (ROOT / "env" / "profiles" / "pollard-180k.yaml").read_text()
+    (tmp_path / "mine.yaml").write_text(text.replace("--gpu-memory-utilization 0.84", "--gpu-memory-utilization 0.80"))
+    data = plan_json(write_config(lambda d: d.update(profile="mine", profiles_dir=str(tmp_path))))
+    assert data["vllm_guard"]["source"] == "profile" and data["vllm_guard"]["note"] == ""
+    assert flag(data["ranks"][0]["engine"], "--gpu-memory-utilization") == ["0.80"]
+
+
+def test_users_utilization_is_kept_and_its_refusal_said(write_config):
+    data = plan_json(write_config(lambda d: d["overrides"].update(engine_args=["--gpu-memory-utilization 0.9"])))
+    guard = data["vllm_guard"]
+    assert flag(data["ranks"][0]["engine"], "--gpu-memory-utilization") == ["0.9"]
+    assert guard["source"] == "config" and all(g["refused"] for g in guard["ranks"])
+    assert guard["note"].startswith("cluster.yaml's --gpu-memory-utilization 0.9 is refused by vLLM's "
+                                    "guard on ranks 0, 1, 2, 3 (`check` fails, `up` starts nothing); use ≤ 0.82")
+
+
+def test_utilization_margin_is_a_config_knob(write_config):
+    data = plan_json(write_config(lambda d: d["overrides"].update(utilization_margin=0.05)))
+    assert data["vllm_guard"]["gpu_memory_utilization"] == 0.79  # 0.8471 − 0.05, rounded down
+
+
+@pytest.mark.parametrize("value", ["banana", "0", "1.5"])
+def test_utilization_that_is_not_a_fraction_is_refused(write_config, value):
+    path = write_config(lambda d: d["overrides"].update(engine_args=[f"--gpu-memory-utilization {value}"]))
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline"])
+    assert result.exit_code == 2, result.output
+    assert f"overrides.engine_args: --gpu-memory-utilization '{value}': expected a fraction" in result.output
+
+
+def test_plan_refuses_when_no_utilization_clears_the_guard(write_config):
+    def edit(d):
+        d["profile"] = "sandbox"  # tiny weights and KV: only the guard can refuse
+        d["overrides"].update(runtime_overhead_gib=115, headroom_gib=0)
+    result = CliRunner().invoke(main, ["plan", "-c", str(write_config(edit)), "--offline"])
+    assert result.exit_code == 3, result.output
+    out = " ".join(result.output.split())
+    assert ("profile sandbox cannot start: no --gpu-memory-utilization clears vLLM's guard: rank 0: "
+            "(MemAvailable 117.1 − runtime 115.0) / MemTotal 121.7 GiB − margin 0.02 = -0.0029") in out
+    assert "Traceback" not in result.output
+
+
+def test_plan_shows_the_guard_arithmetic(write_config):
+    result = CliRunner().invoke(main, ["plan", "-c", str(write_config(lambda d: d.update(profile="pollard-180k"))),
+                                       "--offline"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "guard --gpu-memory-utilization 0.82 (planned; with margin 0.02 every rank clears up to 0.82)" in out
+    assert ("rank 3: free 103.1 GiB (MemAvailable 117.1 − runtime 14.0) ≥ MemTotal 121.7 GiB × 0.82 "
+            "= 99.8 GiB") in out
+    assert "note: profile pollard-180k's --gpu-memory-utilization 0.84 lowered to 0.82" in out
 
 
 def test_readable_checkpoint_replaces_the_profile_figures(write_config, checkpoint):  # noqa: F811

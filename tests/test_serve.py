@@ -52,6 +52,10 @@ def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
         assert ("--headless" in argv) == (r > 0)
         assert rec["mode"] == ("headless" if r else "api")
         assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(plan["kv"]["kv_cache_memory_bytes"])
+        # the utilisation that clears vLLM's startup guard on this rank's (sandbox) meminfo
+        guard = plan["vllm_guard"]
+        assert argv[argv.index("--gpu-memory-utilization") + 1] == str(guard["gpu_memory_utilization"])
+        assert not guard["ranks"][r]["refused"] and guard["ranks"][r]["need"] <= guard["ranks"][r]["free"]
         assert ["vllm", *argv] == plan["ranks"][r]["engine"]  # templates/engine/vllm.j2
         for key, value in plan["ranks"][r]["env"].items():
             assert rec["env"][key] == value
