@@ -195,3 +195,31 @@ def test_ray_mode_head_then_workers(sandbox, cfg, started, tmp_path):
     finally:
         cli("down", "-c", str(ray_cfg))
         assert cli("up", "-c", cfg).exit_code == 0
+
+
+def test_switch_topology_serves(sandbox, cfg, started):
+    """The same four ranks cabled to one switch (`sandbox up --topology switch`): sockets and
+    RDMA on each rank's fabric port, every pair reachable, so NCCL's own algorithm choice is
+    fine (no NCCL_ALGO) and the rendezvous is rank 0's fabric IP."""
+    from launcher.sandbox import cluster as sandbox_cluster
+    from launcher.sandbox import fabric
+
+    assert cli("down", "-c", cfg).exit_code == 0
+    try:
+        sandbox_cluster.up(sandbox.state_dir, progress=lambda _m: None, cabling="switch")
+        assert yaml.safe_load(open(cfg))["topology"] == "switch"
+        result = cli("up", "-c", cfg)
+        assert result.exit_code == 0, result.output
+        for r, name in enumerate(sandbox.names):
+            truth = fabric.fabric_truth(r, len(sandbox.names), "switch")
+            rec = record(sandbox, name)
+            env = rec["env"]
+            assert env["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
+            assert env["VLLM_HOST_IP"] == truth["fabric_ip"] and env["NCCL_NET"] == "IB"
+            assert env["NCCL_IB_HCA"] == "=" + truth["hca"] and "NCCL_ALGO" not in env
+            assert rec["argv"][rec["argv"].index("--master-addr") + 1] == "192.168.177.1"
+        assert json.loads(cli("status", "-c", cfg, "--json").stdout)["api"]["healthy"]
+    finally:
+        cli("down", "-c", cfg)
+        sandbox_cluster.up(sandbox.state_dir, progress=lambda _m: None, cabling="ring")
+        assert cli("up", "-c", cfg).exit_code == 0

@@ -449,16 +449,19 @@ def test_ray_head_workers_and_a_waiting_vllm(tmp_path):
     goes away exits 1 (its container would end with it)."""
     port = free_port()
     pidfile = tmp_path / "head.pid"
-    env = {**os.environ, "SANDBOX_RAY_RECORD": str(tmp_path / "ray.json"), "SANDBOX_RAY_HEAD_PIDFILE": str(pidfile),
-           "SANDBOX_RAY_HEAD_LOG": str(tmp_path / "head.log")}
+    net = {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1",
+           "SANDBOX_SYSFS_ROOT": str(tmp_path / "no-rdma")}
+    env = {**os.environ, **net, "SANDBOX_RAY_RECORD": str(tmp_path / "ray.json"),
+           "SANDBOX_RAY_HEAD_PIDFILE": str(pidfile), "SANDBOX_RAY_HEAD_LOG": str(tmp_path / "head.log")}
     head = subprocess.run([sys.executable, str(RAY), "start", "--head", f"--port={port}",
                            "--node-ip-address=127.0.0.1"], env=env, capture_output=True, text=True, timeout=30)
     assert head.returncode == 0 and "Ray runtime started" in head.stderr, head.stderr
     assert json.loads((tmp_path / "ray.json").read_text())["role"] == "head"
     workers = []
     try:
-        server = Standin(tmp_path, ["--tensor-parallel-size", "3", "--distributed-executor-backend", "ray"],
-                         {"RAY_ADDRESS": f"127.0.0.1:{port}", "SANDBOX_RAY_WAIT_S": "20"})
+        server = Standin(tmp_path, ["--tensor-parallel-size", "3", "--distributed-executor-backend", "ray",
+                                    "--master-port", str(free_port())],
+                         {**net, "RAY_ADDRESS": f"127.0.0.1:{port}", "SANDBOX_RAY_WAIT_S": "20"})
         for i in (2, 3):
             wenv = {**env, "SANDBOX_RAY_RECORD": str(tmp_path / f"ray{i}.json")}
             workers.append(subprocess.Popen([sys.executable, str(RAY), "start", "--block",
@@ -466,12 +469,15 @@ def test_ray_head_workers_and_a_waiting_vllm(tmp_path):
                                             env=wenv, stderr=subprocess.PIPE, text=True))
         server.wait_healthy()
         assert "Ray cluster at 127.0.0.1:%d: 3 nodes; placement group of 3 ready" % port in server.stderr
+        assert "rendezvous: 3 nodes joined" in server.stderr  # its Ray workers met the driver
         assert json.loads((tmp_path / "ray2.json").read_text())["address"] == f"127.0.0.1:{port}"
         assert server.stop() == 0
     finally:
         os.kill(int(pidfile.read_text()), signal.SIGKILL)  # the head goes away
     for w in workers:
-        assert w.wait(timeout=10) == 1 and "the Ray head went away" in w.stderr.read()
+        assert w.wait(timeout=10) == 1
+        said = w.stderr.read()
+        assert "NCCL and Gloo connected" in said and "the Ray head went away" in said, said
 
 
 def test_vllm_on_ray_gives_up_without_enough_nodes(tmp_path):

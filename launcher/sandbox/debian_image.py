@@ -242,6 +242,7 @@ CMD ["/usr/local/sbin/sandbox-rank-init"]
 STANDIN_DOCKERFILE = """FROM {parent}
 COPY vllm /usr/local/bin/vllm
 COPY ray /usr/local/bin/ray
+COPY ray /usr/local/bin/standin_ray.py
 COPY standin_dist.py /usr/local/bin/standin_dist.py
 COPY serve-flags.json /usr/share/sandbox-vllm/serve-flags.json
 COPY site-packages/ /usr/lib/python3/dist-packages/

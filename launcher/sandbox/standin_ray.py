@@ -18,7 +18,11 @@ vLLM waits for its placement group.
 Each `ray start` writes a record (SANDBOX_RAY_RECORD, default /var/log/sandbox-vllm/ray.json):
 {"argv", "env", "role": "head"|"worker", "address"} for tests to assert on.
 Protocol (line-based TCP): `JOIN <ip>` keeps a connection open as one node; `NODES` answers the
-number of live nodes, the head included.
+number of live nodes, the head included; `FORM <master_addr> <master_port>` (from the stand-in
+vLLM on the head, once its placement group is ready) hands each joined worker a node rank, in join
+order, and the rendezvous: the worker then opens the connections NCCL and Gloo would open from
+its node (standin_dist.form_cluster, with the worker container's environment), and exits 1 with
+the real stack's message when one fails -- as a Ray worker of vLLM would die.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import socket
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+import standin_dist  # noqa: E402  (installed beside this file)
 
 VERSION = "2.49.0"
 DEFAULT_PORT = 6379
@@ -67,6 +74,7 @@ def record(argv: list[str], role: str, address: str) -> None:
 def head_server(port: int, own_ip: str) -> None:
     """Runs in the daemon: the node list is the set of open JOIN connections, plus the head."""
     nodes: dict[int, str] = {}
+    workers: dict[int, socket.socket] = {}
     lock = threading.Lock()
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,9 +88,20 @@ def head_server(port: int, own_ip: str) -> None:
                 with lock:
                     conn.sendall(f"{len(nodes) + 1} {own_ip} {' '.join(nodes.values())}\n".encode())
                 return
+            if line.startswith("FORM "):
+                _, master, port = line.split()
+                with lock:
+                    members = list(workers.values())
+                for rank, member in enumerate(members, start=1):
+                    form = {"node_rank": rank, "nnodes": len(members) + 1,
+                            "master_addr": master, "master_port": int(port)}
+                    member.sendall(f"FORM {json.dumps(form)}\n".encode())
+                conn.sendall(b"OK\n")
+                return
             if line.startswith("JOIN "):
                 with lock:
                     nodes[id(conn)] = line[5:]
+                    workers[id(conn)] = conn
                 conn.sendall(b"OK\n")
                 try:
                     while conn.recv(1):  # until the worker goes away
@@ -91,6 +110,7 @@ def head_server(port: int, own_ip: str) -> None:
                     pass
                 with lock:
                     nodes.pop(id(conn), None)
+                    workers.pop(id(conn), None)
 
     while True:
         conn, _ = srv.accept()
@@ -143,22 +163,45 @@ def join(address: str, own_ip: str) -> int:
     conn.sendall(f"JOIN {own_ip}\n".encode())
     conn.settimeout(None)
     log(f"Ray runtime started. joined {address} as {own_ip}; blocking")
-    gone = threading.Event()
+    gone, failed = threading.Event(), []
 
     def watch() -> None:
         try:
-            while conn.recv(64):
-                pass
-        except OSError:
+            for line in conn.makefile("r"):
+                if line.startswith("FORM "):
+                    threading.Thread(target=form, args=(json.loads(line[5:]),), daemon=True).start()
+        except (OSError, ValueError):
             pass
         gone.set()
+
+    def form(spec: dict) -> None:
+        """This node's vLLM worker joins the collectives the driver on the head sets up."""
+        problem = standin_dist.form_cluster(**spec, env=os.environ, timeout_s=60, stop=stop, log=log)
+        if problem:
+            failed.append(problem)
+            log(problem)
+            gone.set()
+        else:
+            log(f"node rank {spec['node_rank']} of {spec['nnodes']}: NCCL and Gloo connected")
 
     threading.Thread(target=watch, daemon=True).start()
     while not stop.is_set():
         if gone.wait(0.2):
-            log("the Ray head went away")
+            if not failed:
+                log("the Ray head went away")
             return 1
     return 0
+
+
+def form(address: str, master: str, port: int) -> bool:
+    """Asks the head to start the collectives on every joined worker."""
+    host, _, head_port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(head_port or DEFAULT_PORT)), timeout=5) as c:
+            c.sendall(f"FORM {master} {port}\n".encode())
+            return c.makefile("r").readline().strip() == "OK"
+    except (OSError, ValueError):
+        return False
 
 
 def nodes(address: str, timeout: float = 2.0) -> int:

@@ -324,16 +324,26 @@ def read_model(model: str) -> str | None:
 
 
 def join_cluster(options: dict) -> str | None:
-    """Multi-node with vLLM's own executor: meet the other ranks and connect as the real stack
-    does (standin_dist.form_cluster); None when every connection was made."""
-    nnodes = int(options.get("nnodes") or 1)
-    if nnodes <= 1 or options.get("distributed_executor_backend") == "ray":
-        return None
+    """Multi-node: meet the other ranks and connect as the real stack does
+    (standin_dist.form_cluster); None when every connection was made. vLLM's own executor meets
+    at --master-addr:--master-port; on Ray the driver (this process, on the head) asks every Ray
+    worker to join it at this node's address."""
     sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
     import standin_dist
 
+    ray = options.get("distributed_executor_backend") == "ray"
+    nnodes = ray_world(options) if ray else int(options.get("nnodes") or 1)
+    if nnodes <= 1:
+        return None
     master = options.get("master_addr") or "127.0.0.1"
     port = int(options.get("master_port") or DEFAULT_MASTER_PORT)
+    if ray:
+        import standin_ray
+
+        address = os.environ.get("RAY_ADDRESS", "127.0.0.1:6379")
+        master = os.environ.get("VLLM_HOST_IP") or address.rpartition(":")[0]
+        if not standin_ray.form(address, master, port):
+            return f"the Ray head at {address} did not hand out the rendezvous"
     log(f"node rank {options.get('node_rank', 0)} of {nnodes}: rendezvous at {master}:{port}")
     return standin_dist.form_cluster(
         node_rank=int(options.get("node_rank") or 0), nnodes=nnodes, master_addr=master,
@@ -668,9 +678,13 @@ def ray_nodes(address: str) -> int:
         return 0
 
 
+def ray_world(options: dict) -> int:
+    return int(options.get("tensor_parallel_size") or 1) * int(options.get("pipeline_parallel_size") or 1)
+
+
 def wait_for_ray(options: dict) -> bool:
     """The Ray executor's placement group: one GPU node per TP x PP rank must have joined."""
-    world = int(options.get("tensor_parallel_size") or 1) * int(options.get("pipeline_parallel_size") or 1)
+    world = ray_world(options)
     address = os.environ.get("RAY_ADDRESS", "127.0.0.1:6379")
     deadline = time.monotonic() + knob("SANDBOX_RAY_WAIT_S", 60)
     have = ray_nodes(address)
