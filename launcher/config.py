@@ -147,8 +147,15 @@ def _profiles_dir(cluster: Cluster, path: Path) -> Path:
     return cluster.profiles_dir if cluster.profiles_dir.is_absolute() else path.parent / cluster.profiles_dir
 
 
+# TensorFold flags the plan sets from the cluster (plan._tensorfold_args), and where to set them.
+TENSORFOLD_MANAGED = {"--tp": "from ranks", "--rank": "from ranks", "--master": "from rendezvous",
+                      "--port": "from overrides.api_port", "--host": "0.0.0.0, so the API is reachable",
+                      "--name": "from model.served_name"}
+
+
 def _engine_flags(path: Path, cluster: Cluster, profile: Profile) -> list[vllm_flags.Flag]:
     if profile.engine != "vllm":
+        _check_tensorfold(path, cluster, profile)
         return []
     plugin = frozenset(profile.plugin_flags)
     try:
@@ -156,6 +163,28 @@ def _engine_flags(path: Path, cluster: Cluster, profile: Profile) -> list[vllm_f
     except (vllm_flags.FlagError, ValueError) as e:
         raise ConfigError([f"{path}: overrides.engine_args: {e}"]) from None
     return vllm_flags.merge(profile.flags(), overrides)
+
+
+def _check_tensorfold(path: Path, cluster: Cluster, profile: Profile) -> None:
+    """TensorFold's flags are passed as written (its own parser checks them); the ones the plan
+    manages, and an API key TensorFold's server would not ask for, are refused here."""
+    problems = []
+    for where, lines in ((f"profile {profile.name}: args", profile.args),
+                         ("overrides.engine_args", cluster.overrides.engine_args)):
+        try:
+            tokens = vllm_flags.split_lines(lines)
+        except ValueError as e:
+            problems.append(f"{path}: {where}: {e}")
+            continue
+        for token in tokens:
+            name = token.partition("=")[0]
+            if name in TENSORFOLD_MANAGED:
+                problems.append(f"{path}: {where}: {name} is set by the plan ({TENSORFOLD_MANAGED[name]})")
+    if cluster.overrides.api_key:
+        problems.append(f"{path}: overrides.api_key: TensorFold's server checks no API key (seed 001: "
+                        "keep it on a private network); remove api_key for profile " + profile.name)
+    if problems:
+        raise ConfigError(problems)
 
 
 def _check_parallelism(path: Path, cluster: Cluster, flags: list[vllm_flags.Flag]) -> None:

@@ -46,7 +46,8 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
     else:
         report.changed = True
         _ensure_images(loaded, the_plan.image, group, report, say)
-        ray = loaded.cluster.multinode == "ray"
+        # Ray is vLLM's; TensorFold starts as its recipe does: ranks > 0 first, then rank 0
+        ray = loaded.cluster.multinode == "ray" and loaded.profile.engine == "vllm"
         if loaded.profile.engine == "vllm" and len(the_plan.ranks) > 1:
             serve.require_multinode(group.connections[0], the_plan.image, loaded.cluster.multinode)
         say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks" + (" (Ray)" if ray else ""))

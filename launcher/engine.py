@@ -2,7 +2,8 @@
 
 Python decides WHAT the engine is told (the flags, merged by `vllm_flags`: the profile's, the
 config's overrides, and the ones the kit manages); the template decides HOW the container runs it
-(`vllm serve ...`, a Ray head then `vllm serve`, a Ray worker, or the image's own entrypoint).
+(`vllm serve ...`, a Ray head then `vllm serve`, a Ray worker, or `python3 -m tensorfold.cli
+serve ...`).
 A template renders one shell-quoted line; the plan keeps it as an argv list.
 """
 

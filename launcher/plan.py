@@ -134,7 +134,7 @@ def build(loaded: Loaded, model: ModelFacts | None = None,
         raise PlanRefused(f"profile {profile.name} cannot start: {guard.note}. Free memory on that "
                           "rank (sparkstack prep) or lower overrides.runtime_overhead_gib")
     image = _image(loaded, assumed)
-    fabric_env = fabric_envs(loaded, facts, assumed) if profile.engine == "vllm" else {}
+    fabric_env = fabric_envs(loaded, facts, assumed)  # NCCL's pins, whatever the engine
     managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
         vllm_flags.value(flags, "tensor_parallel_size") is None else []
     if sizing and not profile.kv.engine_managed:
@@ -356,12 +356,10 @@ def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, st
         env.update(RING_ENV)
     if profile.engine == "vllm":
         env["VLLM_HOST_IP"] = _host_ip(loaded, cluster.ranks[r])
-    else:  # TensorFold's launcher reads the node list and model dir (seed 001's one-shot.sh)
-        env["NODES"] = " ".join(rank.address for rank in cluster.ranks)
-        env["MODEL"] = cluster.model.path
+    # TensorFold takes its rank, master and model as flags (_engine_argv), not env
     env.update(fabric_env)  # the rank's own NICs, HCAs and GID rule; the config's env still wins
     env.update(cluster.overrides.env)
-    if cluster.overrides.api_key:
+    if cluster.overrides.api_key and profile.engine == "vllm":  # TensorFold reads no key
         env["VLLM_API_KEY"] = cluster.overrides.api_key
     return env
 
@@ -395,11 +393,13 @@ def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list
 def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag]) -> list[str]:
     """The container's command after the image, from templates/engine (launcher/engine.py)."""
     cluster, profile = loaded.cluster, loaded.profile
+    served = cluster.model.served_name or profile.served_name
+    port = cluster.overrides.api_port or profile.api_port
     args: list[str] = []
-    if profile.engine == "vllm":
+    if profile.engine == "tensorfold":
+        args = _tensorfold_args(loaded, r, served, port)
+    elif profile.engine == "vllm":
         F = vllm_flags.Flag
-        served = cluster.model.served_name or profile.served_name
-        port = cluster.overrides.api_port or profile.api_port
         managed = [F("--served-model-name", (served,)), F("--port", (str(port),))]
         if len(cluster.ranks) > 1 and cluster.multinode == "ray":  # workers join rank 0's Ray head
             managed.append(F("--distributed-executor-backend", ("ray",)))
@@ -412,3 +412,15 @@ def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag]) -> list[s
     return engine.command(profile.engine, cluster.multinode, rank=r, n_ranks=len(cluster.ranks),
                           model=cluster.model.path, args=args, host_ip=_host_ip(loaded, cluster.ranks[r]),
                           head=rendezvous(loaded))
+
+
+def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int) -> list[str]:
+    """Seed 001's recipe (one-shot.sh): `serve MODEL --tp N --rank R --master M --port P --host
+    0.0.0.0 --name NAME`, then the profile's flags and the config's (TensorFold's argparse takes
+    the last of a repeated flag, so the config's win). --host: TensorFold listens on 127.0.0.1
+    by default, which the control host cannot reach."""
+    cluster = loaded.cluster
+    managed = ["--tp", str(len(cluster.ranks)), "--rank", str(r), "--master", rendezvous(loaded),
+               "--port", str(port), "--host", "0.0.0.0", "--name", served]
+    return managed + vllm_flags.split_lines(loaded.profile.args) + vllm_flags.split_lines(
+        cluster.overrides.engine_args)

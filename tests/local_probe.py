@@ -23,9 +23,16 @@ def run_probe(args: dict, env: dict | None = None) -> dict:
 
 
 def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
-    """Sandbox rank r's fixture sysfs and `ip addr` written under root, then probed and parsed."""
+    """Sandbox rank r's fixture sysfs and `ip addr` written under root, then probed and parsed;
+    its memory is the sandbox rank's GB10 meminfo."""
     from launcher.sandbox import fabric as sfabric
+
+    import dataclasses
+
+    from launcher.sandbox import meminfo
 
     sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
     (root / "ip-addr.json").write_text(json.dumps(sfabric.ip_addr_json(r)))
-    return facts.parse_facts(run_probe(facts.probe_args(str(root / "sysfs"))))
+    found = facts.parse_facts(run_probe(facts.probe_args(str(root / "sysfs"))))
+    # what the rank's /proc/meminfo shows (a GB10's), not this host's
+    return dataclasses.replace(found, memory=facts.parse_meminfo(meminfo.meminfo(r)))

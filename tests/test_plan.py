@@ -249,3 +249,74 @@ def test_plan_that_does_not_fit_is_refused(write_config):
     assert result.exit_code == 3
     assert "pollard-180k does not fit: --max-model-len 180000 needs" in result.output
     assert "headroom 20.0 GiB" in result.output
+
+
+def tensorfold(d):
+    d["profile"] = "tensorfold"
+
+
+def test_tensorfold_runs_its_cli_on_every_rank(write_config):
+    """Seed 001's recipe: the same `tensorfold serve` on every rank with its own --rank, rank 0's
+    rendezvous address as --master, the API on :8890 reachable from outside; no launcher env."""
+    data = plan_json(write_config(tensorfold))
+    for r, rank in enumerate(data["ranks"]):
+        assert rank["engine"] == [
+            "python3", "-m", "tensorfold.cli", "serve", "/models/keys-GLM-5.3-EXL3", "--tp", "4",
+            "--rank", str(r), "--master", "10.0.0.11", "--port", "8890", "--host", "0.0.0.0",
+            "--name", "GLM-5.3-EXL3", "--context", "32768", "--parallel", "4"]
+        assert not {"NODES", "MODEL", "CONTEXT", "PARALLEL", "VLLM_HOST_IP"} & set(rank["env"])
+        assert rank["env"]["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"  # the ring's NCCL settings
+
+
+def test_tensorfold_on_a_switch_and_with_overrides(write_config):
+    def edit(d):
+        tensorfold(d)
+        d["topology"] = "switch"
+        d["model"].pop("served_name")
+        d["overrides"].update(api_port=9000, engine_args=["--context 65536", "--no-drafts"])
+    engine = plan_json(write_config(edit))["ranks"][2]["engine"]
+    assert engine[engine.index("--master") + 1] == "192.168.177.1"  # rank 0's fabric IP
+    assert engine[engine.index("--port") + 1] == "9000"
+    assert engine[engine.index("--name") + 1] == "glm-5.3-tf"  # the profile's: the recipe's name
+    assert engine[-5:] == ["--parallel", "4", "--context", "65536", "--no-drafts"]  # the last --context wins
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda o: o.update(engine_args=["--rank 2"]),
+     "overrides.engine_args: --rank is set by the plan (from ranks)"),
+    (lambda o: o.update(engine_args=["--host=127.0.0.1"]),
+     "overrides.engine_args: --host is set by the plan (0.0.0.0, so the API is reachable)"),
+    (lambda o: o.update(api_key="s3cret"), "overrides.api_key: TensorFold's server checks no API key"),
+])
+def test_tensorfold_refuses_what_the_plan_manages_or_cannot_do(write_config, edit, message):
+    path = write_config(lambda d: tensorfold(d) or edit(d["overrides"]))
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_tensorfold_ranks_get_their_own_fabric_env(tmp_path):
+    """Like vLLM's ranks: each its own NCCL/Gloo pins from its own sysfs (spark3's fabric IP sits
+    on its second port), through the real probe of the sandbox's fixture trees."""
+    import yaml
+
+    from launcher import config, plan
+    from launcher.sandbox import cluster, fabric as sfabric
+    from local_probe import sandbox_rank_facts
+
+    ranks = [{"name": f"spark{i + 1}", "address": f"172.31.240.{11 + i}", "user": "spark",
+              "fabric_ips": [sfabric.fabric_truth(i)["fabric_ip"]], "sysfs_root": "/sandbox/sysfs"}
+             for i in range(4)]
+    doc = {"profile": "tensorfold", "topology": "ring", "ranks": ranks, "model": {"path": cluster.MODEL_PATH}}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
+    found = {r: sandbox_rank_facts(tmp_path / f"spark{r + 1}", r) for r in range(4)}
+    built = plan.build(config.load(tmp_path / "cluster.yaml"), facts=found)
+    assert not any(a.startswith("fabric environment") for a in built.assumed)
+    for r, rank in enumerate(built.ranks):
+        truth = sfabric.fabric_truth(r)
+        assert rank.env["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
+        assert rank.env["GLOO_SOCKET_IFNAME"] == truth["netdev"]
+        assert rank.env["NCCL_IB_HCA"] == "=" + ",".join(truth["hcas_in_use"])
+        assert f"NCCL_SOCKET_IFNAME=={truth['netdev']}" in rank.docker_run
+        assert rank.engine[rank.engine.index("--master") + 1] == "172.31.240.11"
+    assert {r.env["NCCL_SOCKET_IFNAME"] for r in built.ranks} == {"=enp1s0f0np0", "=enp1s0f1np1"}

@@ -54,6 +54,8 @@ CONFIG = {
     "eos_token_id": [1, 2],
     "pad_token_id": 3,
     "transformers_version": "4.57.1",
+    # an EXL3 checkpoint, as the seeds' keys quants are: TensorFold's GLM-5.3 engine refuses others
+    "quantization_config": {"quant_method": "exl3", "bits": 2.75},
     "_sandbox_note": "scaled-down stand-in for GLM-5.3 (sparkstack sandbox); random weights",
 }
 

@@ -7,8 +7,9 @@ Each image is built in two steps:
    recipe (suite, variant, packages, options) -- e.g. ``sparkstack-sandbox-rankfs:<hash>``.
    This is the slow part (about a minute per image on 2 cores) and changes almost never.
 2. a *files* stage: a tiny ``docker build`` on top that only COPYs the sandbox's own files
-   (the rank's init script and sshd settings; the stand-in ``vllm`` program and vLLM's flags
-   table), tagged by the hash of the parent tag and those files.
+   (the rank's init script and sshd settings; the stand-in ``vllm`` and ``ray`` programs, vLLM's
+   flags table, the stand-in ``tensorfold`` package), tagged by the hash of the parent tag and
+   those files.
 
 An image whose tag exists is reused as is, so a second ``sandbox up`` builds nothing, and a
 change to the stand-in program rebuilds only the small files stage.
@@ -242,13 +243,11 @@ CMD ["/usr/local/sbin/sandbox-rank-init"]
 STANDIN_DOCKERFILE = """FROM {parent}
 COPY vllm /usr/local/bin/vllm
 COPY ray /usr/local/bin/ray
-COPY ray /usr/local/bin/standin_ray.py
-COPY standin_dist.py /usr/local/bin/standin_dist.py
 COPY serve-flags.json /usr/share/sandbox-vllm/serve-flags.json
 COPY site-packages/ /usr/lib/python3/dist-packages/
 LABEL org.sparkstack.sandbox="1" org.sparkstack.standin="vllm" \\
       org.opencontainers.image.title="sandbox-vllm" \\
-      org.opencontainers.image.description="STAND-IN for vLLM and the ray CLI (sparkstack sandbox): parses vllm serve argv, serves a fake OpenAI API; not vLLM, not Ray"
+      org.opencontainers.image.description="STAND-IN for vLLM, the ray CLI and TensorFold (sparkstack sandbox): parses their argv, serves a fake OpenAI API; not vLLM, not Ray, not TensorFold"
 ENV SANDBOX_VLLM_STANDIN=1
 """
 
@@ -308,17 +307,37 @@ STANDIN_PACKAGE = {
 }
 
 
+# The stand-in `tensorfold` package: `python3 -m tensorfold.cli` runs standin_tensorfold.py, as
+# TensorFold's image runs its CLI.
+TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbox): not TensorFold.\n'
+                   b'tensorfold/cli.py is launcher/sandbox/standin_tensorfold.py."""\n'
+                   b'__version__ = "0.6.5"\n')
+# Stand-in modules installed side by side in dist-packages: the TensorFold stand-in imports the
+# vLLM stand-in's HTTP engine and standin_dist's cluster forming.
+STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py")
+
+
+def standin_site_packages() -> dict[str, bytes]:
+    """dist-packages files of the stand-in image, by path under dist-packages."""
+    files = dict(STANDIN_PACKAGE)
+    files.update({name: (HERE / name).read_bytes()
+                  for name in ("standin_vllm.py", "standin_dist.py", "standin_ray.py")})
+    files["tensorfold/__init__.py"] = TENSORFOLD_INIT
+    files["tensorfold/cli.py"] = (HERE / "standin_tensorfold.py").read_bytes()
+    return files
+
+
 def standin_stage() -> FilesStage:
-    prog, flags = standin_program(), serve_flags_file()
-    for path, what in ((prog, "the stand-in vllm program"), (flags, "vLLM's serve flags table")):
+    flags = serve_flags_file()
+    for path, what in ([(HERE / m, f"the stand-in {m}") for m in STANDIN_MODULES]
+                       + [(flags, "vLLM's serve flags table")]):
         if not path.is_file():
             raise SandboxError(f"{what} is missing: {path}",
                                "restore it from the repository (git checkout -- launcher)")
     return FilesStage("sandbox-vllm", STANDIN_FS, STANDIN_DOCKERFILE,
-                      {"vllm": prog.read_bytes(), "ray": (HERE / "standin_ray.py").read_bytes(),
-                       "standin_dist.py": (HERE / "standin_dist.py").read_bytes(),
+                      {"vllm": standin_program().read_bytes(), "ray": (HERE / "standin_ray.py").read_bytes(),
                        "serve-flags.json": flags.read_bytes(),
-                       **{f"site-packages/{k}": v for k, v in STANDIN_PACKAGE.items()}},
+                       **{f"site-packages/{k}": v for k, v in standin_site_packages().items()}},
                       {"vllm": 0o755, "ray": 0o755})
 
 
