@@ -58,6 +58,20 @@ CASES = [
     ["--port.x", "1"], ["--foo"], ["--foo.bar=1"], ["--async-scheduling=yes"],
     ["--disable-prefix-caching"], ["--max-model-len"], ["--cudagraph-capture-sizes", "1", "x"],
     ["--lora-modules", "{bad"], ["--reasoning-parser", "none"], ["--attention-backend", "CUSTOM"],
+    ["--max-model-len", "long"], ["--gpu-memory-utilization", "high"],
+    ["--numa-bind-nodes", "0", "1.5"], ["--kv-offloading-size", "big"],
+    # tests/test_standin_vllm.py's test_flexible_argv_forms and test_values_converted_like_vllm
+    ["--max_num_batched_tokens=8k", "-tp", "2", "-cc.mode=3", "-cc.pass_config.fuse_allreduce_rms",
+     "true", "-cc.custom_ops+", "+a,-b", "-cc.custom_ops+=+c", "--no-async-scheduling",
+     "--max-model-len", "auto", "--hf-overrides", "plain-string", "-ac.backend=FLASHINFER",
+     "--attention-config.use_trtllm_attention=false", "-O3"],
+    ["--kv-cache-memory-bytes", "13G", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.84",
+     "--dcp-comm-backend", "None", "--moe-backend", "Marlin", "--served-model-name", "a", "None",
+     "--disable-prefix-caching", "--hf-token", "--middleware", "x", "--middleware", "y",
+     "--device-ids", "0, gpu-1", "--reasoning-parser", "NONE", "--numa-bind-nodes", "0", "1",
+     "--kv-offloading-size", "1.5", "-cc.max_cudagraph_capture_size", "8k",
+     "--speculative-config", "[1]", "--distributed-executor-backend", "rya",
+     "--kv-transfer-config", '{"kv_port": 14k}', "--lora-modules", "a=/p"],
 ]
 
 
