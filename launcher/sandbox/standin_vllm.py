@@ -312,8 +312,8 @@ def normalise_argv(args: list[str]) -> list[str]:
     while i < len(out):
         arg, i = out[i], i + 1
         key, eq, value = arg.partition("=")
-        if not (arg.startswith("-") and "." in key):
-            kept.append(arg)  # vLLM also takes `-0.5` for a dotted key; rare enough to mirror
+        if not (arg.startswith("-") and "." in key):  # as vLLM tests it (so `-0.5` is a key too)
+            kept.append(arg)
             continue
         if not eq:
             if i >= len(out):  # vLLM indexes past the end here
