@@ -102,6 +102,7 @@ def load_profile(name: str, directory: Path = PROFILES_DIR, named_in: str = "") 
         try:
             profile.flags()
         except vllm_flags.FlagError as e:
-            raise ConfigError([f"{path}: args: {e}; if a plugin adds it on purpose, "
-                               f"list it under plugin_flags"]) from None
+            hint = ("; if a plugin adds it on purpose, list it under plugin_flags"
+                    if isinstance(e, vllm_flags.UnknownFlagError) else "")
+            raise ConfigError([f"{path}: args: {e}{hint}"]) from None
     return profile

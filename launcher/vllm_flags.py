@@ -1,12 +1,33 @@
 """vLLM `serve` argv: split into flags, validate against vLLM 0.33's own option table, merge.
 
-The table (`data/vllm-serve-flags-0.33.json`) was read from vLLM's argument parser: option ->
-{dest, nargs, choices, type}. It is vendored so the kit works without the project's shared/
-folder; a test keeps it identical to shared/vllm/serve-flags-0.33.json.
+The table (`data/vllm-serve-flags-0.33.json`) was read from vLLM's argument parser by
+`scripts/extract_vllm_flags.py`: option string -> {dest, nargs, choices, type, value}. It is
+vendored so the kit works without the project's shared/ folder; a test keeps its first four keys
+identical to shared/vllm/serve-flags-0.33.json, which lacks "value".
+
+"value" says how vLLM's parser converts and checks the option's values, so that the sandbox's
+stand-in (and `parse` below) refuse what vLLM refuses, with its message:
+  argument  how argparse names the option in errors: all the option strings of its action,
+            e.g. "--speculative-config/-sc", "--enable-prefix-caching/--disable-prefix-caching"
+  kind      "switch" (no value; "sets": the boolean this option string stores), "help", or the
+            value parser: "int", "float", "str", "human_readable_int" (1k = 1000, 1K = 1024),
+            "human_readable_int_or_auto" (also auto/-1 -> -1), "json" (json.loads, any JSON),
+            "dataclass" (a config dataclass validated by pydantic: "class", and "fields" when it
+            refuses unknown keys: field -> the nested dataclass's schema or null), "dict_or_str"
+            (a JSON object if it looks like one, else the string), "lower_snake" (lower-cased,
+            `-` -> `_`, then the choices), "device_ids" ("0,1,uuid"), "reasoning_parser"
+            ("none" in any case -> "")
+  wrap      (optional) "optional_type": "" and "None" give None, a failing value reads "Value X
+            cannot be converted to <int/function>."; "parse_type": that message without the None
+  choices   (optional) the allowed converted values; null is None (allowed in Optional options)
+  const     (optional, nargs "?") the value of the option given bare
+  append    (optional) true: every use adds a value (argparse "append")
+  action    (optional) "lora_modules": vLLM's own action (`name=path` or a JSON object)
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 import shlex
@@ -14,11 +35,14 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from .sandbox import standin_vllm  # vLLM's value parsers, stdlib-only, shared with the stand-in
+
 FLAGS_FILE = Path(__file__).parent / "data" / "vllm-serve-flags-0.33.json"
 
-# Option types vLLM parses as JSON/dataclasses: these also accept dotted sub-keys,
-# e.g. `--compilation-config.pass_config.fuse_allreduce_rms=true` (FlexibleArgumentParser).
-_DICT_TYPES = {"parse_dataclass", "union_dict_and_str", "loads"}
+# Value kinds vLLM parses as JSON: only these take dotted sub-keys here, e.g.
+# `--compilation-config.pass_config.fuse_allreduce_rms=true` (FlexibleArgumentParser would
+# also turn `--port.x 1` into `--port '{"x": 1}'`, which no option but these can use).
+_JSON_KINDS = {"json", "dataclass", "dict_or_str"}
 
 
 @cache
@@ -51,7 +75,11 @@ class Flag:
 
 
 class FlagError(ValueError):
-    """A flag vLLM would refuse (unknown, wrong arity, bad choice)."""
+    """A flag vLLM would refuse (unknown, wrong arity, a value its parser refuses)."""
+
+
+class UnknownFlagError(FlagError):
+    """An option vLLM 0.33 does not have (a plugin may add it)."""
 
 
 def suggest(name: str) -> str:
@@ -62,7 +90,7 @@ def suggest(name: str) -> str:
 def _spec_for(name: str) -> dict | None:
     base, dot, _ = name.partition(".")
     spec = table().get(base)
-    if spec and dot and not (spec["type"] in _DICT_TYPES or spec["dest"].endswith("_config")):
+    if spec and dot and spec["value"]["kind"] not in _JSON_KINDS:
         return None  # dotted sub-keys only exist for dict-typed options
     return spec
 
@@ -86,17 +114,39 @@ def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset()) -> list
             continue
         spec = _spec_for(name)
         if spec is None:
-            raise FlagError(f"unrecognized vLLM 0.33 argument {name}{suggest(name)}")
+            raise UnknownFlagError(f"unrecognized vLLM 0.33 argument {name}{suggest(name)}")
         nargs = spec["nargs"] if "." not in name else "None"
         values, i = _take(tokens, i, nargs, inline_value if eq else None)
         if nargs == "0" and eq:
             raise FlagError(f"{name} is a switch and takes no value (got {inline_value!r})")
         if nargs in ("None", "+") and not values:
             raise FlagError(f"{name} expects a value")
-        if spec["choices"] and any(v not in spec["choices"] for v in values):
-            raise FlagError(f"{name}: {values[0]!r} is not one of {', '.join(spec['choices'])}")
+        if nargs != "0":
+            _check_values(name, spec, values)
         flags.append(Flag(name, values, bool(eq)))
     return flags
+
+
+def _check_values(name: str, spec: dict, values: tuple[str, ...]) -> None:
+    """Convert each value with the option's own vLLM parser; refuse what it would refuse. A
+    dotted sub-key is checked as the JSON object vLLM makes of it (`--x.a.b=1` -> {"a":{"b":1}})."""
+    base, dot, sub = name.partition(".")
+    if dot:
+        nested = standin_vllm.dotted_value(values[0])
+        for key in reversed(sub.split(".")):
+            nested = {key: nested}
+        values = (json.dumps(nested),)
+    convert = standin_vllm.converter(spec)
+    choices = spec["value"].get("choices")
+    for raw in values:
+        try:
+            out = convert(raw)
+        except argparse.ArgumentTypeError as e:
+            raise FlagError(f"{base}: {e}") from None
+        except (TypeError, ValueError):  # argparse's wording for a plain type
+            raise FlagError(f"{base}: invalid {convert.__name__} value {raw!r}") from None
+        if choices is not None and out not in choices:
+            raise FlagError(f"{base}: {raw!r} is not one of {', '.join(map(str, choices))}")
 
 
 def _take(tokens: list[str], i: int, nargs: str, inline: str | None) -> tuple[tuple[str, ...], int]:

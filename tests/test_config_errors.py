@@ -45,6 +45,8 @@ CASES = {
     "tp x pp != ranks": (lambda d: d["ranks"].pop(), ["ranks: 3 ranks listed", "tensor parallel 4 × pipeline parallel 1 = 4"]),
     "bad override flag": (set_in(["overrides", "engine_args"], ["--max-num-seq 4"]),
                           ["overrides.engine_args:", "did you mean --max-num-seqs?"]),
+    "bad override value": (set_in(["overrides", "engine_args"], ["--max-num-seqs eight"]),
+                           ["overrides.engine_args: --max-num-seqs: invalid int value 'eight'"]),
     "override changes tp": (set_in(["overrides", "engine_args"], ["--tensor-parallel-size 2"]),
                             ["tensor parallel 2 × pipeline parallel 1 = 2"]),
 }
@@ -113,3 +115,18 @@ def test_config_from_environment_and_real_console_script(write_config, tmp_path)
     assert proc.returncode == 2
     assert "model: required but missing" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_profile_with_a_value_vllm_refuses(write_config, tmp_path):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "mine.yaml").write_text(
+        "description: x\nimage: {prebuilt: x}\nserved_name: x\n"
+        "args: ['--tensor-parallel-size 4', '--kv-cache-memory-bytes 14.5G']\nkv: {layout: fp8}\n"
+        "defaults: {model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
+        "weights_per_rank_gib: 1}\n")
+    result = run_plan(write_config(lambda d: d.update(profile="mine", profiles_dir=str(profiles))))
+    assert result.exit_code == 2
+    assert ("mine.yaml: args: --kv-cache-memory-bytes: Decimals are not allowed with binary "
+            "suffixes like G. Did you mean to use 14.5g instead?") in result.output
+    assert "plugin_flags" not in result.output

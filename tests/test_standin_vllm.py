@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,8 +19,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from launcher import vllm_flags
+from launcher.cli import main as cli_main
+from launcher.profile import load_profile, profile_names
 from standin_env import gb10_meminfo, model_dir, roomy_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,16 +176,59 @@ def test_version(tmp_path):
     assert out.stdout.strip() == "0.33.1"
 
 
+# Messages as vLLM 0.33's own parser prints them (confirmed by scripts/check_profiles_with_vllm.py);
+# vLLM's Optional wrapper names the converter by its repr, whose address varies.
 @pytest.mark.parametrize("args, message", [
-    (["--foo"], "vllm serve: error: unrecognized arguments: --foo"),
-    (["--foo.bar=1"], "unrecognized arguments: --foo.bar=1"),
-    (["--all2all-backend", "bogus"], "argument --all2all-backend: invalid choice: 'bogus'"),
-    (["--speculative-config", '{"method": mtp}'],
-     "argument --speculative-config/-sc: invalid JSON"),
-    (["--compilation-config", "[1]"], "expected a JSON object"),
-    (["--port.x", "1"], "argument --port: takes no dotted sub-keys"),
+    (["--foo"], "vllm: error: unrecognized arguments: --foo"),
+    (["--foo.bar=1"], 'vllm: error: unrecognized arguments: --foo {"bar": 1}'),
+    (["--all2all-backend", "bogus"],
+     "argument --all2all-backend: invalid choice: 'bogus' (choose from 'allgather_reducescatter', "),
+    (["--port.x", "1"], """argument --port: invalid int value: '{"x": 1}'"""),
     (["--max-num-seqs", "eight"], "argument --max-num-seqs: invalid int value: 'eight'"),
-    (["--max-model-len", "1.5K"], "Decimals are not allowed"),
+    (["--max-num-seqs", "1.5"], "argument --max-num-seqs: invalid int value: '1.5'"),
+    (["--max-model-len", "1.5K"], "argument --max-model-len: Decimals are not allowed with binary "
+                                  "suffixes like K. Did you mean to use 1.5k instead?"),
+    (["--max-model-len", "long"],
+     "argument --max-model-len: invalid human_readable_int_or_auto value: 'long'"),
+    (["--gpu-memory-utilization", "high"],
+     "argument --gpu-memory-utilization/--device-memory-utilization: invalid float value: 'high'"),
+    (["--kv-cache-memory-bytes", "banana"], "argument --kv-cache-memory-bytes: Value banana cannot "
+                                            "be converted to <function human_readable_int at 0x"),
+    (["--kv-cache-memory-bytes", "none"],  # only `None` is None
+     "argument --kv-cache-memory-bytes: Value none cannot be converted to <function"),
+    (["--numa-bind-nodes", "0", "1.5"],
+     "argument --numa-bind-nodes: Value 1.5 cannot be converted to <class 'int'>."),
+    (["--kv-offloading-size", "big"],
+     "argument --kv-offloading-size: Value big cannot be converted to <class 'float'>."),
+    (["--speculative-config", '{"method": mtp}'], 'argument --speculative-config/-sc: Value '
+     '{"method": mtp} cannot be converted to <function loads at 0x'),
+    (["--limit-mm-per-prompt", "{bad"],
+     "argument --limit-mm-per-prompt: Value {bad cannot be converted to <function loads at 0x"),
+    (["--hf-overrides", "{bad}"], "argument --hf-overrides: Value {bad} cannot be converted to"),
+    (["--dcp-comm-backend", "bogus"],
+     "argument --dcp-comm-backend: invalid choice: 'bogus' (choose from 'a2a', 'ag_rs', None)"),
+    (["--tool-strict-level", "none"], "argument --tool-strict-level: invalid choice: 'none' "
+                                      "(choose from 'auto', 'function', 'parameter', None)"),
+    (["--collect-detailed-traces", "all", "bogus"],
+     "argument --collect-detailed-traces: invalid choice: 'bogus'"),
+    (["--moe-backend", "bogus"], "argument --moe-backend: invalid choice: 'bogus' (choose from"),
+    (["--log-level", "info"], "argument --log-level: invalid choice: 'info'"),
+    (["--async-scheduling=yes"], "argument --async-scheduling/--no-async-scheduling: "
+                                 "ignored explicit argument 'yes'"),
+    (["--cudagraph-capture-sizes", "1", "x"],
+     "argument --cudagraph-capture-sizes: invalid int value: 'x'"),
+    (["--lora-modules", "{bad"], "vllm serve: error: Invalid JSON format for --lora-modules: {bad"),
+    # config dataclasses: pydantic's ValidationError, as vLLM's parse_dataclass reports it
+    (["--compilation-config", "[1]"], "argument --compilation-config/-cc: 1 validation error for "
+     "CompilationConfig\n  Input should be an object [type=dataclass_type, input_value=[1], "
+     "input_type=list]\n    For further information visit "
+     "https://errors.pydantic.dev/2.14/v/dataclass_type"),
+    (["--compilation-config", "{bad"], "1 validation error for CompilationConfig\n  Invalid JSON: "
+     "key must be a string at line 1 column 2 [type=json_invalid, input_value='{bad', "
+     "input_type=str]"),
+    (["-cc.pass_config.fuse_allreduce_rmz=true"], "argument --compilation-config/-cc: 1 validation "
+     "error for CompilationConfig\npass_config.fuse_allreduce_rmz\n  Unexpected keyword argument "
+     "[type=unexpected_keyword_argument, input_value=True, input_type=bool]"),
 ])
 def test_refuses_what_vllm_refuses(tmp_path, args, message):
     out = run_once(tmp_path, args)
@@ -188,18 +236,88 @@ def test_refuses_what_vllm_refuses(tmp_path, args, message):
     assert not (tmp_path / "log" / "record.json").exists()
 
 
-def test_flexible_argv_forms(tmp_path):
-    """--a_b spelling, --opt=value, aliases, dotted keys merged across -cc/--compilation-config."""
-    out = run_once(tmp_path, ["--max_num_batched_tokens=8k", "-tp", "2", "-cc.mode=3",
-                              "--compilation-config.pass_config.fuse_allreduce_rms", "true",
-                              "--no-async-scheduling", "--max-model-len", "auto",
-                              "--hf-overrides", "plain-string"], {"SANDBOX_VLLM_FAIL": "exit:0"})
+def recorded(tmp_path, args) -> dict:
+    out = run_once(tmp_path, args, {"SANDBOX_VLLM_FAIL": "exit:0"})
     assert out.returncode == 0, out.stderr
-    options = json.loads((tmp_path / "log" / "record.json").read_text())["options"]
+    return json.loads((tmp_path / "log" / "record.json").read_text())["options"]
+
+
+def test_flexible_argv_forms(tmp_path):
+    """--a_b spelling, --opt=value, aliases, dotted keys of one option string merged (a second
+    spelling of the option replaces them, as in vLLM), -O3."""
+    options = recorded(tmp_path, [
+        "--max_num_batched_tokens=8k", "-tp", "2", "-cc.mode=3",
+        "-cc.pass_config.fuse_allreduce_rms", "true", "-cc.custom_ops+", "+a,-b",
+        "-cc.custom_ops+=+c", "--no-async-scheduling", "--max-model-len", "auto",
+        "--hf-overrides", "plain-string", "-ac.backend=FLASHINFER",
+        "--attention-config.use_trtllm_attention=false", "-O3"])
     assert options["max_num_batched_tokens"] == 8000 and options["tensor_parallel_size"] == 2
-    assert options["compilation_config"] == {"mode": 3, "pass_config": {"fuse_allreduce_rms": True}}
+    assert options["compilation_config"] == {"mode": 3, "pass_config": {"fuse_allreduce_rms": True},
+                                             "custom_ops": ["+a", "-b", "+c"]}
+    assert options["attention_config"] == {"use_trtllm_attention": False}
     assert options["async_scheduling"] is False and options["max_model_len"] == -1
-    assert options["hf_overrides"] == "plain-string"
+    assert options["hf_overrides"] == "plain-string" and options["optimization_level"] == "3"
+
+
+def test_values_converted_like_vllm(tmp_path):
+    """What vLLM's parser makes of each kind of value (scripts/check_profiles_with_vllm.py
+    compares the same argv with vLLM itself)."""
+    options = recorded(tmp_path, VALUE_FORMS)
+    assert options == {
+        "kv_cache_memory_bytes": 13 * 2**30, "max_num_seqs": 8, "gpu_memory_utilization": 0.84,
+        "dcp_comm_backend": None, "moe_backend": "marlin", "served_model_name": ["a", None],
+        "enable_prefix_caching": False, "hf_token": True, "middleware": ["x", "y"],
+        "device_ids": [0, "gpu-1"], "reasoning_parser": "", "numa_bind_nodes": [0, 1],
+        "kv_offloading_size": 1.5, "compilation_config": {"max_cudagraph_capture_size": 8000},
+        "speculative_config": [1], "distributed_executor_backend": "rya",
+        "kv_transfer_config": {"kv_port": 14000},
+        "lora_modules": [{"name": "a", "path": "/p"}], "host": "127.0.0.1", "port": options["port"],
+    }
+
+
+# Each kind of value vLLM takes. `rya` is taken too: vLLM's parser accepts any string there (a
+# class name); only starting the executor fails.
+VALUE_FORMS = [
+    "--kv-cache-memory-bytes", "13G", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.84",
+    "--dcp-comm-backend", "None", "--moe-backend", "Marlin", "--served-model-name", "a", "None",
+    "--disable-prefix-caching", "--hf-token", "--middleware", "x", "--middleware", "y",
+    "--device-ids", "0, gpu-1", "--reasoning-parser", "NONE", "--numa-bind-nodes", "0", "1",
+    "--kv-offloading-size", "1.5", "-cc.max_cudagraph_capture_size", "8k",
+    "--speculative-config", "[1]", "--distributed-executor-backend", "rya",
+    "--kv-transfer-config", '{"kv_port": 14k}',
+    "--lora-modules", "a=/p",
+]
+
+
+def serve_argv(engine: list[str]) -> list[str] | None:
+    """The tokens after `vllm serve`, also inside the Ray head's `sh -c '... && exec vllm serve ...'`."""
+    tokens = shlex.split(engine[2]) if engine[:2] == ["sh", "-c"] else engine
+    at = next((i for i in range(len(tokens)) if tokens[i:i + 2] == ["vllm", "serve"]), None)
+    return None if at is None else list(itertools.takewhile(lambda t: t != "&&", tokens[at + 2:]))
+
+
+@pytest.mark.parametrize("multinode", [None, "ray"])
+@pytest.mark.parametrize("profile", [n for n in profile_names() if load_profile(n).engine == "vllm"])
+def test_every_profile_argv_is_taken(write_config, tmp_path, profile, multinode):
+    """Every rank's engine argv `plan` makes of every vLLM profile parses, values converted
+    (scripts/check_profiles_with_vllm.py checks the same argv with vLLM 0.33 itself)."""
+    config = write_config(lambda d: d.update(profile=profile, **({"multinode": multinode}
+                                                                   if multinode else {})))
+    result = CliRunner().invoke(cli_main, ["plan", "-c", str(config), "--json", "--offline"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    argvs = [a for a in (serve_argv(r["engine"]) for r in plan["ranks"]) if a is not None]
+    assert argvs
+    for argv in argvs:
+        done = subprocess.run([sys.executable, str(STANDIN), "serve", *argv], text=True,
+                              capture_output=True, timeout=30,
+                              env={**os.environ, "SANDBOX_VLLM_FLAGS": str(FLAGS),
+                                   "SANDBOX_VLLM_FAIL": "exit:0",
+                                   "SANDBOX_VLLM_RECORD": str(tmp_path / "record.json")})
+        assert done.returncode == 0, done.stderr
+        options = json.loads((tmp_path / "record.json").read_text())["options"]
+        assert options["tensor_parallel_size"] == 4 and isinstance(options["max_model_len"], int)
+        assert options["kv_cache_memory_bytes"] == plan["kv"]["kv_cache_memory_bytes"]
 
 
 def test_seed_flags_recorded(seed):
@@ -209,7 +327,7 @@ def test_seed_flags_recorded(seed):
     assert record["env"]["STANDIN_TEST_MARK"] == "42" and record["pid"] == seed.proc.pid
     o = record["options"]
     assert o["kv_cache_dtype"] == "fp8" and o["max_model_len"] == 200000 and o["max_num_seqs"] == 8
-    assert o["kv_cache_memory_bytes"] == "14092861440" and o["async_scheduling"] is True
+    assert o["kv_cache_memory_bytes"] == 14092861440 and o["async_scheduling"] is True
     assert o["compilation_config"] == {"pass_config": {"fuse_allreduce_rms": True}}
     assert o["cudagraph_capture_sizes"] == [1, 2, 3, 4, 6, 8, 12, 24]
     assert o["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from conftest import SHARED
@@ -5,11 +7,26 @@ from launcher import vllm_flags
 from launcher.vllm_flags import Flag, FlagError, parse, split_lines
 
 
-def test_vendored_table_is_the_shared_one():
+def test_vendored_table_is_the_shared_one_plus_value_parsers():
+    """Every option and every field of the shared table, unchanged; only "value" is added."""
     shared = SHARED / "vllm" / "serve-flags-0.33.json"
     if not shared.exists():
         pytest.skip("no ../shared beside this checkout")
-    assert vllm_flags.FLAGS_FILE.read_bytes() == shared.read_bytes()
+    theirs, ours = json.loads(shared.read_text()), vllm_flags.table()
+    assert list(ours) == list(theirs)
+    for option, spec in theirs.items():
+        assert {k: v for k, v in ours[option].items() if k != "value"} == spec, option
+        assert set(ours[option]) == {*spec, "value"}, option
+
+
+def test_value_parsers_agree_with_the_table():
+    for option, spec in vllm_flags.table().items():
+        value = spec["value"]
+        assert option in value["argument"].split("/"), option
+        assert (value["kind"] in ("switch", "help")) == (spec["nargs"] == "0"), option
+        real_choices = value.get("choices")
+        assert spec["choices"] == (None if real_choices is None else [str(c) for c in real_choices])
+        assert spec["type"] != "_optional_type" or value["wrap"] == "optional_type", option
 
 
 def test_seed_001_key_settings_parse_into_their_flags():
@@ -37,10 +54,30 @@ def test_seed_001_key_settings_parse_into_their_flags():
     (["fp8"], "every argument must follow a flag"),
     (["--max-model-len.foo=1"], "unrecognized"),  # sub-keys only on dict-typed options
     (["--all2all-backend", "bogus"], "is not one of"),
+    # values, converted by each option's own vLLM parser
+    (["--max-num-seqs", "abc"], "--max-num-seqs: invalid int value 'abc'"),
+    (["--max-num-seqs", "1.5"], "--max-num-seqs: invalid int value '1.5'"),
+    (["--kv-cache-memory-bytes", "banana"],
+     "--kv-cache-memory-bytes: Value banana cannot be converted to <function human_readable_int"),
+    (["--max-model-len", "1.5K"], "Decimals are not allowed with binary suffixes like K"),
+    (["--gpu-memory-utilization", "high"], "invalid float value 'high'"),
+    (["--speculative-config", "{bad"], "Value {bad cannot be converted to <function loads"),
+    (["--compilation-config.pass_config.fuse_allreduce_rmz=true"],
+     "pass_config.fuse_allreduce_rmz\n  Unexpected keyword argument"),
+    (["--dcp-comm-backend", "bogus"], "--dcp-comm-backend: 'bogus' is not one of a2a, ag_rs, None"),
 ])
 def test_refused_like_vllm_would(tokens, message):
     with pytest.raises(FlagError, match=message.replace("?", r"\?")):
         parse(tokens)
+
+
+@pytest.mark.parametrize("tokens", [
+    ["--moe-backend", "Marlin"], ["--dcp-comm-backend", "None"], ["--kv-cache-memory-bytes", "13G"],
+    ["--max-model-len", "auto"], ["--compilation-config.max_cudagraph_capture_size", "8k"],
+    ["--distributed-executor-backend", "rya"],  # vLLM's parser takes any string (a class name)
+])
+def test_values_vllm_takes(tokens):
+    assert vllm_flags.render(parse(tokens)) == tokens
 
 
 def test_plugin_flags_pass_when_declared():

@@ -5,10 +5,13 @@ can be exercised end to end on a laptop. Standard library only (Debian bookworm'
 
 What it mimics, for what the kit touches:
 - argv: `vllm serve [MODEL] [flags]` is parsed against vLLM 0.33's own option table (a JSON file:
-  option -> {dest, nargs, choices, type}) the way vLLM's FlexibleArgumentParser does: `--opt=v`,
-  `--opt_name` == `--opt-name`, dotted sub-keys for dict-typed options
-  (`--compilation-config.pass_config.fuse_allreduce_rms=true`), JSON values checked. Anything
-  vLLM would refuse exits 2 with argparse's message ("unrecognized arguments: --foo").
+  option -> {dest, nargs, choices, type, value}) the way vLLM's FlexibleArgumentParser does:
+  `--opt=v`, `--opt_name` == `--opt-name`, dotted sub-keys
+  (`--compilation-config.pass_config.fuse_allreduce_rms=true`), and every value converted and
+  checked by the option's own parser ("value": int, float, human-readable int, JSON, config
+  dataclass keys, choices, `None` for Optional options, switches). Anything vLLM's parser would
+  refuse exits 2 with its message ("argument --max-num-seqs: invalid int value: 'x'",
+  "unrecognized arguments: --foo").
   `vllm --version` prints the version.
 - it records its argv, parsed options and full environment as JSON (see write_record) so tests
   can assert on exactly what the launcher started;
@@ -75,9 +78,6 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` uses when no model is nam
 # vLLM's TTFT histogram buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-# Option types vLLM parses as JSON; only these (and *_config options, whose Optional wrapper
-# hides a dataclass parser in the table) take dotted sub-keys.
-JSON_TYPES = {"parse_dataclass", "union_dict_and_str", "loads", "_parse_type"}
 ANSWER = ("Four small machines share one model and each holds a slice of every layer while the "
           "fabric between them carries partial sums back and forth for every token that leaves "
           "the server so the answer arrives one word at a time at a steady pace").split()
@@ -98,133 +98,285 @@ def log(msg: str, level: str = "INFO") -> None:
 
 
 # ---------------------------------------------------------------- argv, like FlexibleArgumentParser
+# Each option's "value" entry in the table says how vLLM converts its values (the format is in
+# launcher/vllm_flags.py); the functions below are vLLM's, named as vLLM names them, because
+# argparse puts a converter's name (or, in vLLM's wrappers, its repr) in its messages.
 
-def is_json_option(spec: dict) -> bool:
-    return spec["type"] in JSON_TYPES or (
-        spec["type"] == "_optional_type" and spec["dest"].endswith("_config"))
+PYDANTIC_DOCS = "https://errors.pydantic.dev/2.14/v/"  # vLLM 0.33's pydantic, in its messages
+TOP_USAGE = ("usage: vllm [-h] [-v]\n            {chat,complete,serve,launch,bench,collect-env,"
+             "download-kernels,preload,run-batch,snapshot}\n            ...")
 
 
 def human_readable_int(value: str) -> int:
     """vLLM's `1k` = 1000, `1K` = 1024 (binary suffixes take no decimals), else a plain int."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+    value = value.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
     if not m:
         return int(value)
     number, suffix = m.groups()
     if suffix.islower():
         return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
     if "." in number:
-        raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like "
-                                         f"{suffix}. Did you mean {number}{suffix.lower()}?")
+        raise argparse.ArgumentTypeError(
+            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
+            f"{number}{suffix.lower()} instead?")
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
 def human_readable_int_or_auto(value: str) -> int:
-    return -1 if value.lower() in ("auto", "-1") else human_readable_int(value)
+    value = value.strip()
+    return -1 if value == "-1" or value.lower() == "auto" else human_readable_int(value)
 
 
-def converter(spec: dict):
-    """The value parser for one option type, named like vLLM's so argparse messages match."""
-    kind = spec["type"]
+def parse_type(return_type):
+    """vLLM's wrapper: a ValueError becomes "Value X cannot be converted to <repr>."."""
+    def _parse_type(val: str):
+        try:
+            return return_type(val)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(
+                f"Value {val} cannot be converted to {return_type}.") from e
+    return _parse_type
 
-    def json_value(val: str):
+
+def optional_type(return_type):
+    """vLLM's Optional wrapper: "" and "None" (that spelling only) are None."""
+    def _optional_type(val: str):
+        return None if val in ("", "None") else parse_type(return_type)(val)
+    return _optional_type
+
+
+def union_dict_and_str(val: str):
+    """A JSON object when it looks like one, else the string itself."""
+    if not re.match(r"(?s)^\s*{.*}\s*$", val):
+        return val
+    return optional_type(json.loads)(val)
+
+
+def parse_reasoning_parser(val: str) -> str:
+    return "" if val.lower() == "none" else val
+
+
+def pydantic_error(cls: str, errors: list[tuple[tuple, str, str, object]]) -> str:
+    """pydantic's ValidationError text, as vLLM's parse_dataclass reports it:
+    errors are (location, message, error type, input value)."""
+    lines = [f"{len(errors)} validation error{'s' if len(errors) > 1 else ''} for {cls}"]
+    for loc, msg, kind, value in errors:
+        if loc:
+            lines.append(".".join(loc))
+        lines += [f"  {msg} [type={kind}, input_value={value!r}, "
+                  f"input_type={type(value).__name__}]",
+                  f"    For further information visit {PYDANTIC_DOCS}{kind}"]
+    return "\n".join(lines)
+
+
+# Python's json messages that read differently in pydantic's parser (jiter).
+JITER_WORDS = {"Expecting property name enclosed in double quotes": "key must be a string",
+               "Expecting value": "expected value", "Extra data": "trailing characters"}
+
+
+def unknown_keys(schema: dict, obj: dict, loc: tuple = ()) -> list:
+    """The keys a closed config dataclass refuses: nested fields first, then its own."""
+    fields = schema.get("fields")
+    if fields is None:
+        return []  # pydantic takes any key here
+    errors = []
+    for name, sub in fields.items():
+        if sub and isinstance(obj.get(name), dict):
+            errors += unknown_keys(sub, obj[name], (*loc, name))
+    return errors + [((*loc, k), "Unexpected keyword argument", "unexpected_keyword_argument", v)
+                     for k, v in obj.items() if k not in fields]
+
+
+def expand_human_numbers(val: str) -> str:
+    """vLLM's `{"size": 80m}` -> `{"size": 80000000}`, outside JSON strings only."""
+    parts = re.split(r'("(?:[^"\\]|\\.)*")', val)
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b",
+                          lambda m: str(human_readable_int(m.group())), parts[i])
+    return "".join(parts)
+
+
+def dataclass_parser(schema: dict):
+    """vLLM validates a config dataclass's JSON with pydantic: the JSON, that it is an object,
+    and (for closed dataclasses) its keys. Field values are not checked here."""
+    def parse_dataclass(val: str):
+        val = expand_human_numbers(val)
         try:
             out = json.loads(val)
         except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(f"invalid JSON {val!r}: {e}") from e
-        if kind != "loads" and not isinstance(out, dict):
-            raise argparse.ArgumentTypeError(f"expected a JSON object, got {val!r}")
+            words = JITER_WORDS.get(e.msg, e.msg)
+            error = ((), f"Invalid JSON: {words} at line {e.lineno} column {e.colno}",
+                     "json_invalid", val)
+            raise argparse.ArgumentTypeError(pydantic_error(schema["class"], [error])) from None
+        errors = (unknown_keys(schema, out) if isinstance(out, dict) else
+                  [((), "Input should be an object", "dataclass_type", out)])
+        if errors:
+            raise argparse.ArgumentTypeError(pydantic_error(schema["class"], errors))
         return out
+    return parse_dataclass
 
-    if kind == "union_dict_and_str":  # a JSON object if it looks like one, else the string
-        return lambda v: json_value(v) if re.match(r"(?s)^\s*{.*}\s*$", v) else v
-    if kind == "_optional_type":
-        inner = json_value if is_json_option(spec) else str
-        return lambda v: None if v in ("", "None") else inner(v)
-    if kind in JSON_TYPES:
-        return json_value
-    return {"int": int, "float": float, "human_readable_int": human_readable_int,
-            "human_readable_int_or_auto": human_readable_int_or_auto}.get(kind, str)
+
+KINDS = {"int": int, "float": float, "str": str, "json": json.loads,
+         "human_readable_int": human_readable_int,
+         "human_readable_int_or_auto": human_readable_int_or_auto,
+         "dict_or_str": union_dict_and_str, "reasoning_parser": parse_reasoning_parser,
+         "lower_snake": lambda s: s.lower().replace("-", "_"),
+         "device_ids": lambda s: [int(d) if d.isdigit() else d for d in
+                                  (part.strip() for part in s.split(","))]}
+
+
+def converter(spec: dict):
+    """The `type=` function vLLM gives this option (table entry's "value")."""
+    value = spec["value"]
+    kind = value["kind"]
+    func = dataclass_parser(value) if kind == "dataclass" else KINDS[kind]
+    wrap = {"optional_type": optional_type, "parse_type": parse_type}.get(value.get("wrap"))
+    return wrap(func) if wrap else func
+
+
+class Switch(argparse.Action):
+    """store_true, BooleanOptionalAction and EnableDisableAction: each option string of the
+    action sets its own value (`--enable-x` True, `--no-enable-x`/`--disable-x` False)."""
+
+    def __init__(self, option_strings, dest, sets: dict, **kw):
+        super().__init__(option_strings, dest, nargs=0, **kw)
+        self.sets = sets
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.sets[option_string])
+
+
+class LoRAModules(argparse.Action):
+    """vLLM's LoRAParserAction: `name=path`, or a JSON object."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        modules = []
+        for item in values:
+            if item in (None, ""):
+                continue
+            if "=" in item and "," not in item:
+                name, path = item.split("=", 1)
+                modules.append({"name": name, "path": path})
+                continue
+            try:
+                modules.append(json.loads(item))
+            except json.JSONDecodeError:
+                parser.error(f"Invalid JSON format for --lora-modules: {item}")
+        setattr(namespace, self.dest, modules)
 
 
 def build_parser(table: dict) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm serve", usage="vllm serve [model_tag] [options]",
                                      allow_abbrev=False)  # vLLM turns abbreviations off too
     parser.add_argument("model_tag", nargs="?", default=argparse.SUPPRESS)
-    # Aliases (-tp / --tensor-parallel-size) share a dest; `--no-X` is the negative of `--X`.
-    groups: dict[tuple[str, bool], list[str]] = {}
+    # One argparse action per vLLM action: its options share the name argparse reports
+    # ("--speculative-config/-sc", "--enable-x/--disable-x").
+    actions: dict[str, list[str]] = {}
     for opt, spec in table.items():
-        positive = table.get("--" + opt[5:], {}) if opt.startswith("--no-") else {}
-        negative = positive.get("dest") == spec["dest"]
-        if spec["dest"] != "help":  # argparse brings its own -h/--help
-            groups.setdefault((spec["dest"], negative), []).append(opt)
-    for (dest, negative), opts in groups.items():
-        spec = table[opts[0]]
-        # SUPPRESS: the namespace then holds exactly what was given, which is what we record.
-        kw: dict = {"dest": dest, "default": argparse.SUPPRESS}
-        if spec["nargs"] == "0":
-            kw["action"] = "store_false" if negative else "store_true"
-        else:
-            kw["type"] = converter(spec)
-            if spec["nargs"] in ("+", "?"):
-                kw["nargs"] = spec["nargs"]
-            if spec["choices"]:
-                kw["choices"] = spec["choices"]
-        parser.add_argument(*opts, **kw)
+        if spec["value"]["kind"] != "help":  # argparse brings its own -h/--help
+            actions.setdefault(spec["value"]["argument"], []).append(opt)
+    for name, opts in actions.items():
+        action = parser.add_argument(*opts, **argument_kwargs(table, opts))
+        action.option_strings = name.split("/")  # what messages name, as in vLLM
     return parser
 
 
-def normalise_argv(args: list[str], table: dict, parser: argparse.ArgumentParser) -> list[str]:
-    """FlexibleArgumentParser's rewrite: `--a_b` -> `--a-b`, and dotted sub-keys of one option
-    (`--x.a.b=1 --x.c 2`) merged into one JSON value appended as `--x '{"a":{"b":1},"c":2}'`."""
+def argument_kwargs(table: dict, opts: list[str]) -> dict:
+    spec = table[opts[0]]
+    value = spec["value"]
+    # SUPPRESS: the namespace then holds exactly what was given, which is what we record.
+    kw: dict = {"dest": spec["dest"], "default": argparse.SUPPRESS}
+    if value["kind"] == "switch":
+        return {**kw, "action": Switch, "sets": {o: table[o]["value"]["sets"] for o in opts}}
+    kw["type"] = converter(spec)
+    if spec["nargs"] in ("+", "?"):
+        kw["nargs"] = spec["nargs"]
+    if "const" in value:
+        kw["const"] = value["const"]
+    if "choices" in value:
+        kw["choices"] = value["choices"]
+    if value.get("append"):
+        kw["action"] = "append"
+    if value.get("action") == "lora_modules":
+        kw["action"] = LoRAModules
+    return kw
+
+
+def normalise_argv(args: list[str]) -> list[str]:
+    """FlexibleArgumentParser's rewrite: `--a_b` -> `--a-b`, `-O3` -> `--optimization-level 3`,
+    and the dotted sub-keys of one option string (`--x.a.b=1 --x.c 2`, `--x.l+ a,b`) merged into
+    one JSON value appended as `--x '{"a":{"b":1},"c":2,"l":["a","b"]}'`. Like vLLM, `-cc.a` and
+    `--compilation-config.b` are two values, the later one winning."""
     out: list[str] = []
     for arg in args:
         if arg.startswith("--"):
             key, eq, value = arg.partition("=")
             head, dot, rest = key.partition(".")
-            arg = head.replace("_", "-") + dot + rest + eq + value
-        out.append(arg)
-    merged: dict[str, tuple[str, dict]] = {}  # dest -> (option as first written, sub-keys)
+            out.append(head.replace("_", "-") + dot + rest + eq + value)
+        elif arg.startswith("-O") and arg != "-O":
+            out += ["--optimization-level", arg[3:] if arg[2] == "=" else arg[2:]]
+        else:
+            out.append(arg)
+    merged: dict[str, dict] = {}
     kept: list[str] = []
     i = 0
     while i < len(out):
-        arg = out[i]
+        arg, i = out[i], i + 1
         key, eq, value = arg.partition("=")
-        base, dot, sub = key.partition(".")
-        spec = table.get(base)
-        if not (arg.startswith("-") and dot and spec):
-            kept.append(arg)  # not a dotted key of a known option (unknown ones error later)
-            i += 1
+        if not (arg.startswith("-") and "." in key):  # as vLLM tests it (so `-0.5` is a key too)
+            kept.append(arg)
             continue
-        if not is_json_option(spec):
-            parser.error(f"argument {base}: takes no dotted sub-keys ({key})")
         if not eq:
-            if i + 1 >= len(out):
-                parser.error(f"argument {key}: expected one argument")
-            value, i = out[i + 1], i + 1
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value  # vLLM keeps non-JSON leaves as strings
-        # by dest, so -cc.x and --compilation-config.y end up in one value
-        node = merged.setdefault(spec["dest"], (base, {}))[1]
-        *parents, leaf = sub.split(".")
-        for p in parents:
-            if not isinstance(node.get(p), dict):
-                node[p] = {}  # a later, deeper key wins over an earlier leaf
-            node = node[p]
-        node[leaf] = parsed
-        i += 1
-    for base, value in merged.values():
+            if i >= len(out):  # vLLM indexes past the end here
+                sys.exit("Traceback (most recent call last):\nIndexError: list index out of range")
+            value, i = out[i], i + 1
+        if key.endswith("+"):
+            key, value = key[:-1], json.dumps(value.split(","))
+        base, *path = key.split(".")
+        nested = dotted_value(value)
+        for part in reversed(path):
+            nested = {part: nested}
+        update_nested(merged.setdefault(base, {}), nested)
+    for base, value in merged.items():
         kept += [base, json.dumps(value)]
     return kept
 
 
+def dotted_value(text: str):
+    """JSON if it parses, else a human-readable int (`80g`), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            return human_readable_int(text)
+        except (ValueError, argparse.ArgumentTypeError):
+            return text
+
+
+def update_nested(original: dict, update: dict) -> None:
+    """vLLM's recursive_dict_update: dicts merge, lists concatenate, anything else replaces."""
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(original.get(k), dict):
+            update_nested(original[k], v)
+        elif isinstance(v, list) and isinstance(original.get(k), list):
+            original[k] += v
+        else:
+            original[k] = v
+
+
 def parse_serve(args: list[str], table: dict) -> tuple[str, dict]:
-    """Returns (model, options given as dest -> value); exits 2 like vLLM on anything bad."""
+    """Returns (model, options given as dest -> value); exits 2 like vLLM on anything bad.
+    Unknown arguments are reported by `vllm`'s own parser, as in vLLM."""
     parser = build_parser(table)
-    ns = vars(parser.parse_args(normalise_argv(args, table, parser)))
-    model = ns.pop("model_tag", None) or ns.get("model") or DEFAULT_MODEL
-    return model, ns
+    ns, unknown = parser.parse_known_args(normalise_argv(args))
+    if unknown:
+        print(f"{TOP_USAGE}\nvllm: error: unrecognized arguments: {' '.join(unknown)}",
+              file=sys.stderr)
+        sys.exit(2)
+    options = vars(ns)
+    model = options.pop("model_tag", None) or options.get("model") or DEFAULT_MODEL
+    return model, options
 
 
 def write_record(path: str, argv: list[str], model: str, options: dict, mode: str) -> None:
@@ -726,10 +878,6 @@ def main(argv: list[str]) -> int:
                  "headless" if headless else "api")
     log(f"vLLM API server version {version} (SANDBOX STAND-IN, not vLLM)")
     log(f"non-default args: {options} model={model!r}")
-    problem = read_model(model) or nofile_guard()
-    if problem:
-        log(problem, "ERROR")
-        return 1
     fail = os.environ.get("SANDBOX_VLLM_FAIL", "")
     only_rank = os.environ.get("SANDBOX_VLLM_FAIL_NODE_RANK")
     if only_rank is not None and str(options.get("node_rank", 0)) != only_rank:
@@ -737,6 +885,10 @@ def main(argv: list[str]) -> int:
     if fail.startswith("exit:"):
         log(f"EngineCore failed to start (simulated by SANDBOX_VLLM_FAIL={fail})", "ERROR")
         return int(fail[5:])
+    problem = read_model(model) or nofile_guard()
+    if problem:
+        log(problem, "ERROR")
+        return 1
     if options.get("distributed_executor_backend") == "ray" and not wait_for_ray(options):
         return 1
     problem = join_cluster(options) or memory_guard(options)
