@@ -5,17 +5,11 @@ import time
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from launcher.cli import main
-
-RECORD = "docker exec sparkstack-engine cat /var/log/sandbox-vllm/record.json"
+from serving import VLLM_RECORD, cli, engine_record
 
 
-def cli(*args):
-    result = CliRunner().invoke(main, list(args))
-    assert "Traceback" not in result.output
-    return result
+
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +27,7 @@ def started(cfg):
 
 
 def record(sandbox, name):
-    rc, out, err = sandbox.run(name, RECORD)
-    assert rc == 0, err
-    return json.loads(out)
+    return engine_record(sandbox, name, VLLM_RECORD)
 
 
 def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):

@@ -7,17 +7,11 @@ from datetime import datetime
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from launcher.cli import main
-
-RECORD = "docker exec sparkstack-engine cat /var/log/sandbox-vllm/tensorfold.json"
+from serving import TENSORFOLD_RECORD, cli, engine_record
 
 
-def cli(*args):
-    result = CliRunner().invoke(main, list(args))
-    assert "Traceback" not in result.output
-    return result
+
 
 
 def write(tmp_path, sandbox, edit=None) -> str:
@@ -46,9 +40,7 @@ def tf_started(tf_cfg):
 
 
 def record(sandbox, name):
-    rc, out, err = sandbox.run(name, RECORD)
-    assert rc == 0, err
-    return json.loads(out)
+    return engine_record(sandbox, name, TENSORFOLD_RECORD)
 
 
 def started_at(text: str) -> datetime:
