@@ -507,7 +507,7 @@ def _ring_links(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
             unjudged.append(f"rank {p} did not answer")
             continue
         answers = _link_answers(inp, r, p, df) + _link_answers(inp, p, r, df)
-        failed = [f"{label}: {a.detail or 'no reply'}" for label, a in answers if not a.ok]
+        failed = [f"rank {a} → {_label(t, df)}: {got.detail or 'no reply'}" for a, t, got in answers if not got.ok]
         if not answers:
             elsewhere = [_label(t, df) for t in inp.targets.get(r, []) if t.peer not in neighbours]
             failed = [f"no addressed cable between rank {r} and rank {p} found"
@@ -515,7 +515,7 @@ def _ring_links(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
         if failed:
             bad.append(f"ring link to rank {p} unreachable: " + "; ".join(failed))
         else:
-            good += [label for label, _ in _link_answers(inp, r, p, df)]
+            good += [_label(t, df) for _, t, _ in _link_answers(inp, r, p, df)]
     if bad:
         fix = ("a link drops 9000 B frames: mtu 9000 on both ends of its cable (netplan)" if df else
                "check the cable between the two ranks and both ends' addresses (`ip addr`); list the "
@@ -528,13 +528,12 @@ def _ring_links(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
         rr.add(name, PASS, "ring links answer both ways: " + ", ".join(good))
 
 
-def _link_answers(inp: Inputs, a: int, b: int, df: bool) -> list[tuple[str, PingAnswer]]:
+def _link_answers(inp: Inputs, a: int, b: int, df: bool) -> list[tuple[int, PingTarget, PingAnswer]]:
     """What rank a's pings to rank b's end of their cables got (none when a's were not measured)."""
     extra = inp.extras.get(a)
     if extra is None or extra.error or extra.ping_missing:
         return []
-    return [(f"rank {a} → {_label(t, df)}", _answer(inp, a, t, df))
-            for t in inp.targets.get(a, []) if t.peer == b and (not df or t.df_size)]
+    return [(a, t, _answer(inp, a, t, df)) for t in inp.targets.get(a, []) if t.peer == b and (not df or t.df_size)]
 
 
 def _check_nccl(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:

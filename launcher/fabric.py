@@ -6,7 +6,7 @@ the environment that tells NCCL, UCX, Gloo and vLLM so.
 
 A Spark's QSFP port shows up as two HCAs, one per PCIe x4 link ("twins": rocep1s0f1 and
 roceP2p1s0f1 -- same bus/slot/function, the P2 one in PCI domain 2); NCCL needs both to reach
-200G, usually with an address on only the first. Everything is derived per rank: NICs, GID
+200G, and each needs an IPv4 address of its own for that (see below). Everything is derived per rank: NICs, GID
 indexes and even which port is cabled differ between ranks (DESIGN.md, "Facts of the hardware").
 
 Every problem is a Finding (pass / warn / fail, the measured value, a one-line fix) for `check`;
@@ -82,7 +82,7 @@ class FabricPort:
     ip: IPv4Address
     hca: str  # the HCA behind `netdev`
     port: int  # the HCA's port number (1 on a Spark)
-    twins: tuple[str, ...]  # `hca` and its twin(s), PCI domain order
+    twins: tuple[str, ...]  # `hca` and the twin(s) NCCL can use (up, addressed), PCI domain order
     gid_index: int
     gid: str
     configured: bool  # holds a fabric IP of the config (else: a ring's other neighbour link)
@@ -294,7 +294,7 @@ class _Assessment:
         """A ring rank talks to two neighbours: every other addressed, up RoCE port joins in."""
         used = {h for p in ports for h in p.twins}
         found = []
-        for device in self.facts.rdma or ():
+        for device in sorted(self.facts.rdma or (), key=lambda d: (_domain(d.name), d.name)):  # twins: domain 0 first
             if device.name in used:
                 continue
             for netdev in device.netdevs:

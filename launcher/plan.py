@@ -317,6 +317,8 @@ def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, st
     env = dict(profile.env)
     if len(cluster.ranks) > 1 and cluster.ranks[r].fabric_ips:
         env.update(fabric.topology_env(cluster.topology))  # also before the rank is probed
+        if cluster.fabric.gid_index is not None:  # pinned on request only (launcher/fabric.py)
+            env["NCCL_IB_GID_INDEX"] = str(cluster.fabric.gid_index)
     if profile.engine == "vllm":
         env["VLLM_HOST_IP"] = _host_ip(loaded, r, fabric_env)
     else:  # TensorFold's launcher reads the node list and model dir (seed 001's one-shot.sh)

@@ -270,6 +270,9 @@ def test_all_findings_pass_on_a_healthy_rank(topology, names):
     assert {f.status for f in rf.findings} == {"pass"}
     assert [f.name for f in rf.findings] == names
     assert ("NCCL_ALGO" in rf.env) == (topology == "ring") and rf.env["NCCL_NET"] == "IB"
+    if topology == "ring":  # both ports, both (addressed) twins of each; UCX on each port's first twin
+        assert rf.env["NCCL_IB_HCA"] == "=rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1"
+        assert rf.env["UCX_NET_DEVICES"] == "rocep1s0f0:1,rocep1s0f1:1"
 
 
 # --- twins by name --------------------------------------------------------------------------------
