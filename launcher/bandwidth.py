@@ -102,7 +102,7 @@ def docker_argv(loaded: Loaded, image: str, env: dict[str, str], args: dict) -> 
     """`docker run --rm -i` of the image with the serving container's host settings, the script
     on stdin (`python3 -`). `--pull never`: a rank without the image says so, it pulls nothing."""
     argv = ["docker", "run", "--rm", "-i", "--pull", "never", "--name", CONTAINER,
-            *plan_mod.host_settings(loaded.cluster.container)]
+            *plan_mod.host_settings(loaded.cluster.container), *plan_mod.nccl_mounts(loaded.cluster)]
     for key in sorted(env):
         if "\n" in env[key]:
             raise SparkstackError(f"check --bandwidth: environment value of {key} has a newline")
@@ -349,7 +349,7 @@ def check(loaded: Loaded, group, *, image: str | None, facts: dict[int, Facts],
     if early is not None:
         return Measured(early)
     envs, notes = rank_envs(loaded, facts)
-    master = plan_mod.rendezvous(loaded)
+    master = plan_mod.rendezvous(loaded, envs)
     jobs = commands(loaded, image, envs, master=master, port=port, args=args)
     outcomes = measure(group, jobs)
     return Measured(judge(outcomes, image=image, master=master, port=port, notes=notes), outcomes, jobs)

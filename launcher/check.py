@@ -8,8 +8,13 @@ fabric pings and dockerd's capabilities) and calls it.
 
 Rows a healthy sandbox shows as non-pass, honestly (tests/test_check.py documents them):
 image (until the profile's chain is built and shipped), ulimits (warn: the host's hard limits
-cap the ranks at nofile 20000 / memlock 8 MiB), peers and jumbo (warn: the ring's neighbours
-answer over real 9000-MTU veth cables; the ranks beyond them are not routed, as in a plain ring).
+cap the ranks at nofile 20000 / memlock 8 MiB), roce (warn: the sandbox leaves each port's twin
+unaddressed, so NCCL_IB_HCA leaves it out).
+
+A ring is judged as a whole: TP across it needs every link, so a link (rank r to rank r+1, in
+the config's order, which must be the cable order) that does not answer both ways, at 9000 B
+with don't-fragment for `jumbo`, fails on BOTH ends, each naming the other. The ranks beyond the
+neighbours are not pinged: nothing talks across a ring (the sockets use the management network).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .plan import MemoryNeed, Plan, memory_guard, rank_memory
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "ulimits", "link",
-         "roce", "mtu", "peers", "jumbo", "checkpoint", "disk", "clock")
+         "roce", "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock")
 OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
@@ -43,7 +48,7 @@ DISK_FLOOR = 20 * GIB  # room for a new chain stage and the logs, beyond any ima
 SEED_NOFILE = node_settings.NOFILE
 CAP_SYS_RESOURCE = 24  # lets dockerd raise a container's limits above its own
 PING_WAIT_S = 1
-_LINK_FINDINGS = ("fabric ip", "link", "speed")
+_LINK_FINDINGS = ("fabric ip", "link", "speed", "sockets")
 _ROCE_FINDINGS = ("rdma", "roce gid", "twin", "gid index", "ring ports")
 
 
@@ -107,25 +112,40 @@ class Extras:
 
 def rank_ping_targets(loaded: Loaded, r: int, f: Facts) -> list[PingTarget]:
     """Whom rank `r` pings, from its own facts alone (so its pings start as soon as its probe is
-    back): every other rank's configured fabric IPs, and the far end of each point-to-point link
-    (/30, /31) of its fabric ports -- in a ring a neighbour's configured IP may sit on its other
-    port. The DF ping goes at the rank's fabric MTU when that is 9000. A far end's rank is -1
-    until `resolve_peers` finds whose address it is."""
+    back). The far ends of its cables (kind "link"): every other address of a point-to-point
+    link (/30, /31) of its fabric ports, and, in a ring, the other ranks' configured fabric IPs
+    on those ports' subnets -- every addressed port, up or not, so a dead cable still names its
+    far end. On a switch also every other rank's configured fabric IP (kind "fabric"). The DF
+    ping goes at the port's MTU when that is 9000. A far end's rank is -1 until
+    `resolve_peers` finds whose address it is."""
     cluster = loaded.cluster
-    rf = fabric.assess(f, cluster.ranks[r].fabric_ips, cluster.topology, rank=f"rank {r}")
-    mtu = _fabric_mtu(f, rf)
-    df = mtu - 28 if mtu == fabric.JUMBO_MTU else None
+    ring = cluster.topology == "ring"
+    rf = fabric.for_rank(f, cluster, r)
     configured = {str(ip): p for p, rank in enumerate(cluster.ranks) if p != r for ip in rank.fabric_ips}
+    netdevs = [n for d in f.rdma or () for n in d.netdevs] if ring else [p.netdev for p in rf.ports]
     found: dict[str, PingTarget] = {}
-    for mine in (a for port in rf.ports for a in _ipv4(f, port.netdev)):
-        if mine.network.prefixlen in (30, 31):
-            hosts = mine.network.hosts() if mine.network.prefixlen == 30 else mine.network
-            for host in hosts:
-                if host != mine.ip:
-                    found[str(host)] = PingTarget(configured.get(str(host), -1), str(host), "link", df)
-    for ip, p in configured.items():
-        found.setdefault(ip, PingTarget(p, ip, "fabric", df))
+    for netdev in netdevs:
+        df = _df_size(f.interface(netdev))
+        for mine in _ipv4(f, netdev):
+            for host in _far_ends(mine, configured if ring else {}):
+                found[host] = PingTarget(configured.get(host, -1), host, "link", df)
+    if not ring:
+        df = _df_size(f.interface(rf.primary.netdev)) if rf.primary else None
+        for ip, p in configured.items():
+            found.setdefault(ip, PingTarget(p, ip, "fabric", df))
     return sorted(found.values(), key=lambda t: IPv4Address(t.ip))
+
+
+def _far_ends(mine, configured: dict[str, int]) -> list[str]:
+    """The other addresses of `mine`'s link: all of a /30 or /31, the configured ones on a wider one."""
+    net = mine.network
+    hosts = net.hosts() if net.prefixlen == 30 else net if net.prefixlen == 31 else ()
+    found = [str(h) for h in hosts if h != mine.ip]
+    return found + [ip for ip in configured if IPv4Address(ip) in net and ip != str(mine.ip) and ip not in found]
+
+
+def _df_size(iface) -> int | None:
+    return fabric.JUMBO_MTU - 28 if iface and iface.mtu == fabric.JUMBO_MTU else None
 
 
 def resolve_peers(targets: list[PingTarget], facts: dict[int, Facts]) -> list[PingTarget]:
@@ -209,9 +229,7 @@ class Inputs:
     def fabric(self, r: int) -> fabric.RankFabric:
         """The rank's fabric assessment, once (several rows and the MTU comparison use it)."""
         if r not in self._fabrics:
-            cluster = self.loaded.cluster
-            self._fabrics[r] = fabric.assess(self.facts[r], cluster.ranks[r].fabric_ips, cluster.topology,
-                                             rank=f"rank {r} ({cluster.ranks[r].label})")
+            self._fabrics[r] = fabric.for_rank(self.facts[r], self.loaded.cluster, r)
         return self._fabrics[r]
 
     def guard(self) -> vllm_guard.Guard:
@@ -488,9 +506,12 @@ def _pings(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
     name = "jumbo" if df else "peers"
     targets = [t for t in inp.targets.get(r, []) if not df or t.df_size]
     extra = inp.extras.get(r)
-    if not targets:
-        why = f"the fabric MTU is not {fabric.JUMBO_MTU}" if df and inp.targets.get(r) else "no peer fabric IPs"
-        rr.add(name, WARN if not df else PASS, f"not measured: {why}",
+    ring = inp.loaded.cluster.topology == "ring"
+    if df and inp.targets.get(r) and not targets:
+        rr.add(name, PASS, f"not measured: the fabric MTU is not {fabric.JUMBO_MTU}")
+        return
+    if not targets and not ring:  # a ring's links are judged from both ends: its neighbours' pings
+        rr.add(name, WARN if not df else PASS, "not measured: no peer fabric IPs",
                "list every rank's fabric_ips in cluster.yaml")
         return
     if extra is None or extra.error:
@@ -499,28 +520,104 @@ def _pings(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
     if extra.ping_missing:
         rr.add(name, WARN, "not measured: no `ping` on the rank", "apt install iputils-ping")
         return
-    ring = inp.loaded.cluster.topology == "ring"
-    bad_links, bad_far, good = [], [], []
+    if ring:
+        _ring_links(inp, r, rr, df)
+        return
+    bad, good = [], []
     for t in targets:
-        answer = extra.pings.get((t.ip, df), PingAnswer(False, "no result"))
-        label = f"rank {t.peer if t.peer >= 0 else '?'} {t.ip}" + (f" ({t.df_size + 28} B DF)" if df else "")
-        if answer.ok:
-            good.append(label)
-        elif t.kind == "link" or not ring:
-            bad_links.append(f"{label}: {answer.detail or 'no reply'}")
-        else:
-            bad_far.append(f"{label}: {answer.detail or 'no reply'}")
+        answer = _answer(inp, r, t, df)
+        (good if answer.ok else bad).append(_label(t, df) + ("" if answer.ok else f": {answer.detail or 'no reply'}"))
     ok = f"{len(good)}/{len(targets)} answer"
-    if bad_links:
+    if bad:
         fix = ("a path in between fragments or drops jumbo frames: same MTU on both ends and the "
                "switch" if df else "check the cable/switch port and the peer's address (`ip addr`)")
-        rr.add(name, FAIL, f"{ok}; unreachable: " + "; ".join(bad_links + bad_far), fix)
-    elif bad_far:
-        rr.add(name, WARN, f"{ok}; beyond the ring neighbours, unreachable: " + "; ".join(bad_far),
-               "only needed if something talks across the ring: routes via the neighbour with "
-               "net.ipv4.ip_forward=1")
+        rr.add(name, FAIL, f"{ok}; unreachable: " + "; ".join(bad), fix)
     else:
         rr.add(name, PASS, f"{ok}: " + ", ".join(good))
+
+
+def _answer(inp: Inputs, r: int, t: PingTarget, df: bool) -> PingAnswer:
+    return inp.extras[r].pings.get((t.ip, df), PingAnswer(False, "no result"))
+
+
+def _label(t: PingTarget, df: bool) -> str:
+    return f"rank {t.peer if t.peer >= 0 else '?'} {t.ip}" + (f" ({t.df_size + 28} B DF)" if df else "")
+
+
+def _ring_links(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
+    """Rank r's two ring links (to r-1 and r+1), each judged from both ends' pings: a link that
+    does not answer both ways fails here and, by the same rule, on the other end too."""
+    name = "jumbo" if df else "peers"
+    n = len(inp.loaded.cluster.ranks)
+    neighbours = sorted({(r - 1) % n, (r + 1) % n} - {r})
+    good, bad, unjudged = [], [], []
+    for p in neighbours:
+        if p not in inp.facts:
+            unjudged.append(f"rank {p} did not answer")
+            continue
+        answers = _link_answers(inp, r, p, df) + _link_answers(inp, p, r, df)
+        failed = [f"rank {a} → {_label(t, df)}: {got.detail or 'no reply'}" for a, t, got in answers if not got.ok]
+        if not answers:
+            elsewhere = [_label(t, df) for t in inp.targets.get(r, []) if t.peer not in neighbours]
+            failed = [f"no addressed cable between rank {r} and rank {p} found"
+                      + (f" (this rank's cables end at {', '.join(elsewhere)})" if elsewhere else "")]
+        if failed:
+            bad.append(f"ring link to rank {p} unreachable: " + "; ".join(failed))
+        else:
+            good += [_label(t, df) for _, t, _ in _link_answers(inp, r, p, df)]
+    if bad:
+        fix = ("a link drops 9000 B frames: mtu 9000 on both ends of its cable (netplan)" if df else
+               "check the cable between the two ranks and both ends' addresses (`ip addr`); list the "
+               "ranks in cable order (each rank cabled to the next, the last to the first)")
+        rr.add(name, FAIL, "TP needs every link of the ring: " + " | ".join(bad + unjudged), fix)
+    elif unjudged:
+        rr.add(name, WARN, f"links up: {', '.join(good) or 'none'}; not judged: " + ", ".join(unjudged),
+               "see that rank's ssh row")
+    else:
+        rr.add(name, PASS, "ring links answer both ways: " + ", ".join(good))
+
+
+def _link_answers(inp: Inputs, a: int, b: int, df: bool) -> list[tuple[int, PingTarget, PingAnswer]]:
+    """What rank a's pings to rank b's end of their cables got (none when a's were not measured)."""
+    extra = inp.extras.get(a)
+    if extra is None or extra.error or extra.ping_missing:
+        return []
+    return [(a, t, _answer(inp, a, t, df)) for t in inp.targets.get(a, []) if t.peer == b and (not df or t.df_size)]
+
+
+def _check_nccl(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """The host NCCL build (nccl.host_lib): on every rank, and the same build everywhere."""
+    lib = inp.loaded.cluster.nccl.host_lib
+    if not lib:
+        rr.add("nccl", PASS, "the image's own (nccl.host_lib not set)")
+        return
+    mine = f.nccl_lib
+    if mine is None or not mine.present:
+        rr.add("nccl", FAIL, (mine.problem if mine else None) or f"{lib}: not looked for",
+               f"install the same NCCL build at {lib} on every rank, or remove nccl.host_lib from cluster.yaml")
+        return
+    builds = {p: _build(x.nccl_lib) for p, x in inp.facts.items() if x.nccl_lib and x.nccl_lib.present}
+    common = Counter(builds.values()).most_common(1)[0][0]
+    shown = f"{lib} ({mine.realpath}): {_build_text(builds[r])}"
+    if builds[r] != common:
+        same = ", ".join(str(p) for p, b in builds.items() if b == common)
+        rr.add("nccl", FAIL, f"{shown} on rank {r}, but {_build_text(common)} on ranks {same}",
+               f"install the same NCCL build at {lib} on every rank (ranks with different builds "
+               "cannot form one communicator)")
+    elif mine.problem or mine.version is None:
+        rr.add("nccl", WARN, f"{shown}; {mine.problem or 'no NCCL version string in the file'}",
+               f"is it an NCCL library? `strings {lib} | grep 'NCCL version'`")
+    else:
+        rr.add("nccl", PASS, shown + (", same on all ranks" if len(set(builds.values())) == 1 else ""))
+
+
+def _build(lib) -> tuple[str | None, int | None]:
+    return lib.version, lib.size
+
+
+def _build_text(build: tuple[str | None, int | None]) -> str:
+    version, size = build
+    return f"NCCL {version or '(version unknown)'}, {size:,} B" if size is not None else f"NCCL {version}"
 
 
 def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:

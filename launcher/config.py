@@ -92,6 +92,39 @@ class Overrides(Strict):
     sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
 
 
+class FabricSettings(Strict):
+    """Pins on the derived fabric env (launcher/fabric.py); leave unset unless something forces it."""
+
+    # NCCL_IB_GID_INDEX for every HCA. Unset: NCCL (>= 2.21) picks the IPv4 RoCE v2 entry per HCA,
+    # which follows the index when it drifts (it does, within minutes, when addresses change).
+    gid_index: int | None = Field(None, ge=0)
+
+
+class NcclSettings(Strict):
+    """A host NCCL build used instead of the image's own (rings in the field run a newer or
+    patched one): bind-mounted read-only at the same path and preloaded in the serving container."""
+
+    host_lib: str | None = None  # e.g. /opt/nccl-2.30.7/lib/libnccl.so.2, the same on every rank
+    env: dict[str, str] = {}  # that build's own switches, e.g. NCCL_SWITCHLESS_RING_ONLY: "1"
+
+    @field_validator("host_lib")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path, the same on every rank")
+        return v
+
+    @model_validator(mode="after")
+    def _env_needs_lib(self):
+        if self.env and not self.host_lib:
+            raise ValueError("`env` is for the host NCCL build's own switches: give `host_lib` too "
+                             "(other variables go under overrides.env)")
+        return self
+
+
+GID_INDEX_ENV = "NCCL_IB_GID_INDEX"
+
+
 class Cluster(Strict):
     profile: str
     topology: Literal["switch", "ring"]
@@ -105,7 +138,29 @@ class Cluster(Strict):
     images: ImageSettings = ImageSettings()
     overrides: Overrides = Overrides()
     container: ContainerSettings = ContainerSettings()
+    fabric: FabricSettings = FabricSettings()
+    nccl: NcclSettings = NcclSettings()
     profiles_dir: UserPath | None = None
+
+    @property
+    def gid_index(self) -> int | None:
+        """The pinned NCCL_IB_GID_INDEX (fabric.gid_index, or the same in overrides.env), else None."""
+        if self.fabric.gid_index is not None:
+            return self.fabric.gid_index
+        given = self.overrides.env.get(GID_INDEX_ENV)
+        return int(given) if given is not None else None
+
+    @model_validator(mode="after")
+    def _one_gid_index(self):
+        given = self.overrides.env.get(GID_INDEX_ENV)
+        if given is None:
+            return self
+        if not given.isdigit():
+            raise ValueError(f"overrides.env.{GID_INDEX_ENV}: {given!r} is not a GID index (0, 1, 2, ...)")
+        if self.fabric.gid_index is not None and int(given) != self.fabric.gid_index:
+            raise ValueError(f"fabric.gid_index {self.fabric.gid_index} and overrides.env.{GID_INDEX_ENV} "
+                             f"{given} disagree: give one")
+        return self
 
     @model_validator(mode="after")
     def _unique_addresses(self):

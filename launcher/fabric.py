@@ -6,19 +6,27 @@ the environment that tells NCCL, UCX, Gloo and vLLM so.
 
 A Spark's QSFP port shows up as two HCAs, one per PCIe x4 link ("twins": rocep1s0f1 and
 roceP2p1s0f1 -- same bus/slot/function, the P2 one in PCI domain 2); NCCL needs both to reach
-200G, usually with an address on only the first. Everything is derived per rank: NICs, GID
+200G, and each needs an IPv4 address of its own for that (see below). Everything is derived per rank: NICs, GID
 indexes and even which port is cabled differ between ranks (DESIGN.md, "Facts of the hardware").
 
 Every problem is a Finding (pass / warn / fail, the measured value, a one-line fix) for `check`;
 `RankFabric.require()` raises FabricError on any failure for the commands that start things.
 
-NCCL_IB_GID_INDEX is one number applied to every HCA in NCCL_IB_HCA. It is set only when every
-listed HCA has its IPv4-mapped RoCE v2 GID at that same index (discovered now, from this boot's
-sysfs -- the index drifts when addresses change). Otherwise -- the usual Spark, where the twin
-carries no address and so no IPv4 GID -- it is left unset: NCCL (>= 2.21, which every
-Blackwell-capable image has) then picks per HCA the RoCE v2 GID of the IPv4 family, which is the
-fabric IP's entry on the addressed HCA; a pinned index would point the twin at an empty slot.
-Never the fe80:: link-local entries (index 1 on a fresh table; `ibv_modify_qp: 22`).
+Which network carries what (DESIGN.md, "Fabric"): on a switch every fabric IP reaches every
+other, so the sockets (NCCL's bootstrap, Gloo, VLLM_HOST_IP) use the fabric netdev too. In a ring
+rank 0 and rank 2 share no cable, and the bootstrap (every rank to rank 0) and Gloo (every pair)
+would cross it: the sockets go on the management network every rank reaches -- the interface
+holding the rank's configured `address`, found in its own facts -- and RDMA stays on the
+cable-facing HCAs with NCCL_ALGO=Ring (automatic algorithm choice builds trees that connect
+non-neighbours). Both: NCCL_NET=IB, so a failed RDMA set-up fails instead of falling back to
+sockets.
+
+RDMA only on HCAs holding an IPv4 RoCE v2 GID: an unaddressed twin has link-local GIDs only and
+NCCL would run it on the link-local RoCE v1 entry, so it is left out of NCCL_IB_HCA (a warning
+says how to address it). NCCL_IB_GID_INDEX is one number for every HCA and the index drifts
+within minutes when addresses change, so it is never set unless the config pins it: NCCL
+(>= 2.21) picks the IPv4 RoCE v2 entry per HCA, and `check` shows which one it will pick. Never
+the fe80:: link-local entries (index 1 on a fresh table; `ibv_modify_qp: 22`).
 """
 
 from __future__ import annotations
@@ -26,15 +34,24 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Address, ip_interface
+from ipaddress import IPv4Address, ip_address, ip_interface
 
 from .errors import SparkstackError
-from .facts import Facts, Gid, RdmaDevice, RdmaPort
+from .facts import Facts, Gid, Interface, RdmaDevice, RdmaPort
 
 MIN_SPEED = 200000  # Mb/s, a 200G QSFP link as /sys/class/net/<if>/speed reports it
 JUMBO_MTU = 9000
-RING_ENV = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
+NET_ENV = {"NCCL_NET": "IB"}  # RDMA or nothing: no silent fall back to sockets
+# a ring: rings only (no trees across non-neighbours), each HCA to the peer on its subnet, the two
+# ports never merged into one NIC (they face different neighbours), no external net plugin
+RING_ENV = {"NCCL_ALGO": "Ring", "NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0",
+            "NCCL_NET_PLUGIN": "none"}
 ROCE_V2 = "RoCE v2"
+
+
+def topology_env(topology: str) -> dict[str, str]:
+    """What every rank of a multi-rank cluster gets whatever its own facts say."""
+    return {**NET_ENV, **(RING_ENV if topology == "ring" else {})}
 
 # rocep1s0f1, roceP2p1s0f1, enp1s0f1np1, enP2p1s0f1np1: prefix, PCI domain (absent = 0),
 # bus, slot, function, and a netdev's physical port.
@@ -65,10 +82,19 @@ class FabricPort:
     ip: IPv4Address
     hca: str  # the HCA behind `netdev`
     port: int  # the HCA's port number (1 on a Spark)
-    twins: tuple[str, ...]  # `hca` and its twin(s), PCI domain order
+    twins: tuple[str, ...]  # `hca` and the twin(s) NCCL can use (up, addressed), PCI domain order
     gid_index: int
     gid: str
     configured: bool  # holds a fabric IP of the config (else: a ring's other neighbour link)
+
+
+@dataclass(frozen=True)
+class Management:
+    """The interface every rank reaches this one on (a ring's sockets use it)."""
+
+    netdev: str
+    ip: IPv4Address
+    assumed: str = ""  # set when not found from the configured address: what was taken instead
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,7 @@ class RankFabric:
     ports: tuple[FabricPort, ...]
     env: dict[str, str]
     findings: tuple[Finding, ...]
+    management: Management | None = None
 
     @property
     def primary(self) -> FabricPort | None:
@@ -196,16 +223,59 @@ class _Assessment:
         return FabricPort(netdev, ip, device.name, port.number, twins, gid.index, gid.gid, configured)
 
     def active_twins(self, hca: str, twins: tuple[str, ...]) -> tuple[str, ...]:
+        """The twins NCCL can use: up, and holding an IPv4 RoCE v2 GID (an unaddressed twin has
+        only link-local entries, and NCCL would run it on the link-local RoCE v1 one)."""
         keep = []
         for name in twins:
             d = self.facts.rdma_device(name)
-            state = d.ports[0].state if d and d.ports else None
-            if name == hca or state == "ACTIVE":
+            port = d.ports[0] if d and d.ports else None
+            if name == hca:
                 keep.append(name)
+            elif port is None or port.state != "ACTIVE":
+                self.add("twin", "warn", f"{name} (twin of {hca}) is {port.state if port else None}: "
+                         "left out, ~100G only", f"check the cable and `rdma link show {name}/1`")
+            elif ipv4_roce_v2(port) is None:
+                netdev = d.netdevs[0] if d.netdevs else name
+                self.add("twin", "warn", f"{name} (twin of {hca}) has no IPv4 address, only link-local "
+                         "GIDs: left out of NCCL_IB_HCA (NCCL would run it on the link-local RoCE v1 "
+                         "entry), ~100G on this port",
+                         f"address {netdev} on a subnet of its own, on both ends of the cable (netplan; "
+                         "as NVIDIA's playbooks do), then re-run")
             else:
-                self.add("twin", "warn", f"{name} (twin of {hca}) is {state}: left out, ~100G only",
-                         f"check the cable and `rdma link show {name}/1`")
+                keep.append(name)
         return tuple(keep)
+
+    def management(self, address: str | None) -> Management | None:
+        """The interface holding the rank's configured `address`; failing that (a host name, a
+        NAT's address) the one the kit's SSH connection arrived at, then the default route's."""
+        found = self._holding(_ipv4_or_none(address))
+        if found:
+            self.add("sockets", "pass", f"sockets on {found.netdev} ({found.ip}): the management "
+                     "network every rank reaches")
+            return found
+        why = ("no address given" if not address else f"{address} is a host name"
+               if _ipv4_or_none(address) is None else f"{address} is on no interface of {self.rank}")
+        fallbacks = (("where the kit's SSH connection arrived", self._holding(_ipv4_or_none(self.facts.ssh_address))),
+                     ("the default route's interface", self._on_interface(self.facts.default_route_if)))
+        for how, hit in fallbacks:
+            if hit:
+                note = f"{why}: sockets on {hit.netdev} ({hit.ip}), {how}"
+                self.add("sockets", "warn", note, "write the rank's management IPv4 as its `address` in "
+                         "cluster.yaml (behind a NAT, reach it through `jump`)")
+                return Management(hit.netdev, hit.ip, note)
+        self.add("sockets", "fail", f"{why}, and no other address of the management network was found: "
+                 "the bootstrap and Gloo need one every rank reaches",
+                 "write the rank's management IPv4 (its 10G port's) as its `address` in cluster.yaml")
+        return None
+
+    def _holding(self, ip: IPv4Address | None) -> Management | None:
+        iface = next((i for i in self.facts.interfaces
+                      if ip is not None and any(ip_interface(a).ip == ip for a in i.ipv4)), None)
+        return Management(iface.name, ip) if iface else None
+
+    def _on_interface(self, netdev: str | None) -> Management | None:
+        iface: Interface | None = self.facts.interface(netdev) if netdev else None
+        return Management(iface.name, ip_interface(iface.ipv4[0]).ip) if iface and iface.ipv4 else None
 
     def link_quality(self, netdev: str) -> None:
         iface = self.facts.interface(netdev)
@@ -224,7 +294,7 @@ class _Assessment:
         """A ring rank talks to two neighbours: every other addressed, up RoCE port joins in."""
         used = {h for p in ports for h in p.twins}
         found = []
-        for device in self.facts.rdma or ():
+        for device in sorted(self.facts.rdma or (), key=lambda d: (_domain(d.name), d.name)):  # twins: domain 0 first
             if device.name in used:
                 continue
             for netdev in device.netdevs:
@@ -239,8 +309,18 @@ class _Assessment:
         return found
 
 
-def assess(facts: Facts, fabric_ips: Sequence[IPv4Address], topology: str, rank: str = "rank") -> RankFabric:
-    """The rank's fabric and env from its own facts; never raises (see RankFabric.require)."""
+def _ipv4_or_none(text: str | None) -> IPv4Address | None:
+    try:
+        found = ip_address(text) if text else None
+    except ValueError:
+        return None
+    return found if isinstance(found, IPv4Address) else None
+
+
+def assess(facts: Facts, fabric_ips: Sequence[IPv4Address], topology: str, rank: str = "rank", *,
+           address: str | None = None, gid_index: int | None = None) -> RankFabric:
+    """The rank's fabric and env from its own facts; never raises (see RankFabric.require).
+    `address` is the rank's configured (management) address, `gid_index` the config's pin."""
     a = _Assessment(facts, rank)
     if not fabric_ips:
         a.add("fabric ip", "warn", "no fabric_ips configured: collectives fall back to sockets",
@@ -251,55 +331,73 @@ def assess(facts: Facts, fabric_ips: Sequence[IPv4Address], topology: str, rank:
         port = a.port_for_ip(IPv4Address(ip))
         if port and not any(port.hca in p.twins for p in ports):  # two IPs on one port: once
             ports.append(port)
+    management = None
     if topology == "ring" and ports:
         ports += a.ring_neighbours(ports)
         if len({p.hca for p in ports}) < 2:
             a.add("ring ports", "warn", f"only {ports[0].netdev} is up with an address: one neighbour reachable",
                   "cable and address both QSFP ports (each link its own subnet)")
+    if topology == "ring":
+        management = a.management(address)
     ports.sort(key=lambda p: (pci_key(p.hca) or (p.hca,), p.hca))
-    env = _env(a, ports, topology)
-    return RankFabric(rank, topology, tuple(ports), env, tuple(a.findings))
+    env = _env(a, ports, topology, management, gid_index)
+    return RankFabric(rank, topology, tuple(ports), env, tuple(a.findings), management)
 
 
-def _env(a: _Assessment, ports: list[FabricPort], topology: str) -> dict[str, str]:
+def for_rank(facts: Facts, cluster, r: int) -> RankFabric:
+    """`assess` with what the config says of rank r (cluster: a config.Cluster)."""
+    rank = cluster.ranks[r]
+    return assess(facts, rank.fabric_ips, cluster.topology, f"rank {r} ({rank.label})",
+                  address=rank.address, gid_index=cluster.gid_index)
+
+
+def _env(a: _Assessment, ports: list[FabricPort], topology: str, management: Management | None,
+         pin: int | None) -> dict[str, str]:
     if not ports:
         return {}
-    configured = [p for p in ports if p.configured]
-    hcas = [h for p in ports for h in p.twins]
     env = {
-        "NCCL_SOCKET_IFNAME": "=" + ",".join(p.netdev for p in configured),
-        "NCCL_IB_HCA": "=" + ",".join(hcas),
+        "NCCL_IB_HCA": "=" + ",".join(h for p in ports for h in p.twins),
         "UCX_NET_DEVICES": ",".join(f"{p.hca}:{p.port}" for p in ports),
-        "GLOO_SOCKET_IFNAME": configured[0].netdev,
+        **topology_env(topology),
     }
-    if topology == "switch":
-        # In a ring, a fabric IP is not reachable from every rank: the plan keeps the
-        # management address there (plan._host_ip).
-        env["VLLM_HOST_IP"] = str(configured[0].ip)
-    else:
-        env.update(RING_ENV)
-    index = _common_gid_index(a, ports)
-    if index is not None:
-        env["NCCL_IB_GID_INDEX"] = str(index)
+    if topology == "switch":  # every fabric IP reaches every other: the sockets go there too
+        configured = [p for p in ports if p.configured]
+        env.update({"NCCL_SOCKET_IFNAME": "=" + ",".join(p.netdev for p in configured),
+                    "GLOO_SOCKET_IFNAME": configured[0].netdev, "VLLM_HOST_IP": str(configured[0].ip)})
+    elif management:  # a ring: where every rank reaches every other
+        env.update({"NCCL_SOCKET_IFNAME": "=" + management.netdev, "GLOO_SOCKET_IFNAME": management.netdev,
+                    "VLLM_HOST_IP": str(management.ip)})
+    if _gid_index(a, ports, pin) is not None:
+        env["NCCL_IB_GID_INDEX"] = str(pin)
     return env
 
 
-def _common_gid_index(a: _Assessment, ports: list[FabricPort]) -> int | None:
-    """The one GID index right for every listed HCA, else None (NCCL then picks per HCA)."""
-    per_hca: dict[str, int | None] = {}
+def _gid_index(a: _Assessment, ports: list[FabricPort], pin: int | None) -> int | None:
+    """The pin when the config gives one, checked on every listed HCA; else None (NCCL picks the
+    IPv4 RoCE v2 entry per HCA). Either way the finding shows the index each HCA gets."""
+    tables = {}
     for p in ports:
         for name in p.twins:
-            if name == p.hca:
-                per_hca[name] = p.gid_index
-                continue
             d = a.facts.rdma_device(name)
-            gid = ipv4_roce_v2(d.ports[0]) if d and d.ports else None
-            per_hca[name] = gid.index if gid else None
-    shown = ", ".join(f"{h} {'-' if i is None else i}" for h, i in per_hca.items())
-    indexes = set(per_hca.values())
-    if len(indexes) == 1 and None not in indexes:
-        index = indexes.pop()
-        a.add("gid index", "pass", f"NCCL_IB_GID_INDEX={index} (RoCE v2, IPv4) on every HCA: {shown}")
-        return index
-    a.add("gid index", "pass", f"left to NCCL per HCA (RoCE v2, IPv4): IPv4 GID indexes {shown}")
-    return None
+            tables[name] = d.ports[0] if d and d.ports else None
+    picks = {h: ipv4_roce_v2(port) if port else None for h, port in tables.items()}
+    shown = ", ".join(f"{h} {g.index if g else '-'}" for h, g in picks.items())
+    if pin is None:
+        a.add("gid index", "pass", f"NCCL_IB_GID_INDEX unset: NCCL picks the IPv4 RoCE v2 entry per HCA: {shown}")
+        return None
+    wrong = [f"{h} index {pin} is {_entry(tables[h], pin)} (NCCL's own pick: {g.index if g else '-'})"
+             for h, g in picks.items() if g is None or g.index != pin]
+    if wrong:
+        a.add("gid index", "fail", f"NCCL_IB_GID_INDEX={pin} (pinned) is not the IPv4 RoCE v2 entry: "
+              + "; ".join(wrong), "remove fabric.gid_index (and NCCL_IB_GID_INDEX from overrides.env): NCCL "
+              "then picks the entry per HCA, following it when addresses change")
+    else:
+        a.add("gid index", "pass", f"NCCL_IB_GID_INDEX={pin} (pinned), the IPv4 RoCE v2 entry on every HCA: {shown}")
+    return pin
+
+
+def _entry(port: RdmaPort | None, index: int) -> str:
+    gid = next((g for g in port.gids if g.index == index), None) if port else None
+    if gid is None:
+        return "empty"
+    return f"{gid.address.compressed} {gid.type or '?'}" + (" (link-local)" if gid.link_local else "")

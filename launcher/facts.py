@@ -202,6 +202,18 @@ class Clock:
 
 
 @dataclass(frozen=True)
+class NcclLib:
+    """The host NCCL build `nccl.host_lib` names, as found on the rank."""
+
+    path: str
+    present: bool
+    realpath: str | None = None  # the file the path (usually a soname link) resolves to
+    size: int | None = None
+    version: str | None = None  # "2.30.7+cuda13.0": the string NCCL prints at init, else the file name's
+    problem: str | None = None  # why it could not be read
+
+
+@dataclass(frozen=True)
 class Facts:
     hostname: str
     kernel: str
@@ -219,6 +231,9 @@ class Facts:
     disks: tuple[Disk, ...]
     clock: Clock
     problems: tuple[str, ...] = ()  # sources that were missing or unreadable, one line each
+    ssh_address: str | None = None  # the rank's address the kit's SSH connection arrived at
+    default_route_if: str | None = None  # the interface of the IPv4 default route
+    nccl_lib: NcclLib | None = None  # only when nccl.host_lib is configured
 
     def interface(self, name: str) -> Interface | None:
         return next((i for i in self.interfaces if i.name == name), None)
@@ -249,7 +264,7 @@ def to_jsonable(value):
 # --- invoking the probe ------------------------------------------------------------------------
 
 def probe_args(sysfs_root: str = "/", model_dir: str | None = None, sysctls: tuple[str, ...] = (),
-               disk_paths: tuple[str, ...] = (), timeout_s: float = 5.0) -> dict:
+               disk_paths: tuple[str, ...] = (), timeout_s: float = 5.0, nccl_lib: str | None = None) -> dict:
     """The probe's arguments for a rank. A fixture sysfs root (anything but "/" or "/sys") comes
     with an `ip-addr.json` beside it (the sandbox's /sandbox/sysfs and /sandbox/ip-addr.json):
     fixture netdevs have addresses only there."""
@@ -262,6 +277,8 @@ def probe_args(sysfs_root: str = "/", model_dir: str | None = None, sysctls: tup
         args["sysctls"] = list(sysctls)
     if disk_paths:
         args["disk_paths"] = list(disk_paths)
+    if nccl_lib:
+        args["nccl_lib"] = nccl_lib
     return args
 
 
@@ -540,6 +557,49 @@ def parse_clock(raw: dict, sent: float | None = None, received: float | None = N
     return Clock(raw["started"], raw.get("finished", raw["started"]), sent, received)
 
 
+def parse_ssh_connection(text: str | None) -> str | None:
+    """$SSH_CONNECTION ("client port server port"): the server address, i.e. the rank's own."""
+    parts = text.split() if isinstance(text, str) else []
+    return parts[2] if len(parts) == 4 else None
+
+
+def parse_default_route(text: str | None) -> str | None:
+    """/proc/net/route: the interface of the IPv4 default route (lowest metric), else None."""
+    best = None
+    for line in text.splitlines()[1:] if isinstance(text, str) else ():
+        cols = line.split()
+        if len(cols) < 8 or cols[1] != "00000000" or cols[7] != "00000000":
+            continue
+        try:
+            up, metric = int(cols[3], 16) & 1, int(cols[6])
+        except ValueError:
+            continue
+        if up and (best is None or metric < best[0]):
+            best = (metric, cols[0])
+    return best[1] if best else None
+
+
+_NCCL_VERSION = re.compile(r"^NCCL version (\d+\.\d+\.\d+\S*)")
+_SONAME_VERSION = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")
+
+
+def parse_nccl_lib(raw: dict | None) -> NcclLib | None:
+    """The probe's look at the host NCCL library: present or not, and its version, read from
+    the "NCCL version X.Y.Z..." string in the file, else from its real name (libnccl.so.X.Y.Z)."""
+    if not raw:
+        return None
+    if raw.get("missing"):
+        return NcclLib(raw["path"], False, problem=f"{raw['path']}: no such file")
+    if "error" in raw and "size" not in raw:
+        return NcclLib(raw["path"], False, problem=f"{raw['path']}: {raw['error']}")
+    real = raw.get("realpath")
+    m = _NCCL_VERSION.match(raw.get("version_text") or "")
+    name = _SONAME_VERSION.search(PurePosixPath(real).name) if real else None
+    version = m[1] if m else name[1] if name else None
+    problem = f"{raw['path']}: {raw['error']}" if "error" in raw else None
+    return NcclLib(raw["path"], True, real, raw.get("size"), version, problem)
+
+
 # --- the whole probe output --------------------------------------------------------------------
 
 def _command_problem(name: str, result: dict | None) -> str | None:
@@ -621,4 +681,7 @@ def parse_facts(raw: dict, sent: float | None = None, received: float | None = N
         disks=parse_disks(raw.get("disk", {})),
         clock=parse_clock(raw.get("clock", {"started": 0.0}), sent, received),
         problems=tuple(problems),
+        ssh_address=parse_ssh_connection(raw.get("ssh_connection")),
+        default_route_if=parse_default_route(raw.get("route")),
+        nccl_lib=parse_nccl_lib(raw.get("nccl_lib")),
     )

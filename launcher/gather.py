@@ -53,7 +53,8 @@ def probe_args(loaded: Loaded, rank_index: int) -> dict:
     """What the probe reads on this rank: its sysfs, the checkpoint, every managed sysctl."""
     cluster = loaded.cluster
     sysctls = tuple(node_settings.sysctls(cluster)) + EXTRA_SYSCTLS
-    return facts_mod.probe_args(cluster.ranks[rank_index].sysfs_root, cluster.model.path, sysctls=sysctls)
+    return facts_mod.probe_args(cluster.ranks[rank_index].sysfs_root, cluster.model.path, sysctls=sysctls,
+                                nccl_lib=cluster.nccl.host_lib)
 
 
 def probe_rank(conn: Connection, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S) -> RankFacts:

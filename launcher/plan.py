@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import engine, fabric, kv, vllm_flags, vllm_guard
 from .checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
-from .config import ContainerSettings, Loaded, Rank
+from .config import Cluster, ContainerSettings, Loaded
 from .errors import ConfigError, PlanRefused
 from .facts import Facts
 
@@ -24,9 +24,7 @@ GB10_MEM_TOTAL = 127_600_000 * 1024
 GB10_MEM_AVAILABLE = 122_771_456 * 1024
 
 CONTAINER_NAME = "sparkstack-engine"
-RING_ENV = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
-FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "UCX_NET_DEVICES",
-              "GLOO_SOCKET_IFNAME")
+FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
 SECRET_ENV = ("VLLM_API_KEY",)
 
 
@@ -141,17 +139,22 @@ def build(loaded: Loaded, model: ModelFacts | None = None,
         managed.append(vllm_flags.Flag("--kv-cache-memory-bytes", (str(sizing.kv_cache_memory_bytes),)))
     if guard and guard.source == "plan":  # a profile's or the user's value that stays is as written
         managed.append(vllm_flags.Flag("--gpu-memory-utilization", (str(guard.utilization),)))
-    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}))
+    master = rendezvous(loaded, fabric_env)
+    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master)
              for r in range(len(cluster.ranks))]
     return Plan(ranks, sizing, image, assumed, guard)
 
 
 def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
-    """Each probed rank's own NCCL/UCX/Gloo env from its sysfs; what is missing goes to `assumed`."""
+    """Each probed rank's own NCCL/UCX/Gloo env and VLLM_HOST_IP from its own facts
+    (launcher.fabric); what is missing or had to be guessed goes to `assumed`."""
     cluster = loaded.cluster
     what = "fabric environment (" + ", ".join(FABRIC_ENV) + ")"
     if not facts:
         assumed.append(f"{what}: derived from each rank's sysfs once probed; not in this plan")
+        if cluster.topology == "ring":
+            assumed.append("ring: VLLM_HOST_IP and the master address are each rank's `address`, "
+                           "taken as its management IP until probed")
         return {}
     envs: dict[int, dict[str, str]] = {}
     for r, rank in enumerate(cluster.ranks):
@@ -159,14 +162,15 @@ def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> 
         if r not in facts:
             assumed.append(f"{what} of {name}: not probed; not in this plan")
             continue
-        rf = fabric.assess(facts[r], rank.fabric_ips, cluster.topology, rank=name)
+        rf = fabric.for_rank(facts[r], cluster, r)
         if rf.failures:
             first = rf.failures[0]
             assumed.append(f"{what} of {name}: not derived ({first.name}: {first.value}; fix: "
                            f"{first.fix}); not in this plan")
             continue
-        # VLLM_HOST_IP stays the plan's choice (_host_ip): it knows about `rendezvous`.
-        envs[r] = {k: v for k, v in rf.env.items() if k != "VLLM_HOST_IP"}
+        if rf.management and rf.management.assumed:
+            assumed.append(f"management network of {name}: {rf.management.assumed}")
+        envs[r] = rf.env
     return envs
 
 
@@ -324,44 +328,66 @@ def _image(loaded: Loaded, assumed: list[str]) -> str:
     return chain.top
 
 
-def rendezvous(loaded: Loaded) -> str:
+def rendezvous(loaded: Loaded, fabric_env: dict[int, dict[str, str]] | None = None) -> str:
     """An address of rank 0 every rank reaches: the config's choice; on a switch, rank 0's fabric
-    IP; in a ring (rank 0 is not every rank's neighbour) its management address."""
+    IP; in a ring (rank 0 is not every rank's neighbour) its management IP, found from its facts
+    (its VLLM_HOST_IP in `fabric_env`), else its configured `address`."""
     cluster = loaded.cluster
     if cluster.rendezvous:
         return cluster.rendezvous
     first = cluster.ranks[0]
     if cluster.topology == "switch" and first.fabric_ips:
         return str(first.fabric_ips[0])
-    return first.address
+    return (fabric_env or {}).get(0, {}).get("VLLM_HOST_IP") or first.address
 
 
-def _host_ip(loaded: Loaded, rank: Rank) -> str:
-    """The rank's own address on the network the rendezvous uses."""
-    if loaded.cluster.topology == "switch" and rank.fabric_ips and not loaded.cluster.rendezvous:
-        return str(rank.fabric_ips[0])
-    return rank.address
+def _host_ip(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> str:
+    """The rank's own address on the network the rendezvous uses: on a switch its fabric IP
+    (unless `rendezvous` picks another network), in a ring its management IP from its facts."""
+    cluster = loaded.cluster
+    rank = cluster.ranks[r]
+    if cluster.topology == "switch":
+        return str(rank.fabric_ips[0]) if rank.fabric_ips and not cluster.rendezvous else rank.address
+    return fabric_env.get("VLLM_HOST_IP") or rank.address
 
 
 def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag],
-               fabric_env: dict[str, str]) -> RankPlan:
+               fabric_env: dict[str, str], master: str) -> RankPlan:
     env = rank_env(loaded, r, fabric_env)
-    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, env), _engine_argv(loaded, r, flags))
+    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, env),
+                    _engine_argv(loaded, r, flags, _host_ip(loaded, r, fabric_env), master))
 
 
 def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, str]:
     cluster, profile = loaded.cluster, loaded.profile
     env = dict(profile.env)
-    if cluster.topology == "ring":
-        env.update(RING_ENV)
+    if len(cluster.ranks) > 1 and cluster.ranks[r].fabric_ips:
+        env.update(fabric.topology_env(cluster.topology))  # also before the rank is probed
+        if cluster.fabric.gid_index is not None:  # pinned on request only (launcher/fabric.py)
+            env["NCCL_IB_GID_INDEX"] = str(cluster.fabric.gid_index)
     if profile.engine == "vllm":
-        env["VLLM_HOST_IP"] = _host_ip(loaded, cluster.ranks[r])
-    # TensorFold takes its rank, master and model as flags (_engine_argv), not env
-    env.update(fabric_env)  # the rank's own NICs, HCAs and GID rule; the config's env still wins
+        env["VLLM_HOST_IP"] = _host_ip(loaded, r, fabric_env)
+    # TensorFold takes its rank, master and model as flags (_engine_argv), not env;
+    # the rank's own NICs, HCAs and sockets (_host_ip chose VLLM_HOST_IP); the config's env still wins
+    env.update({k: v for k, v in fabric_env.items() if k != "VLLM_HOST_IP"})
+    env.update(nccl_env(cluster))
     env.update(cluster.overrides.env)
     if cluster.overrides.api_key and profile.engine == "vllm":  # TensorFold reads no key
         env["VLLM_API_KEY"] = cluster.overrides.api_key
     return env
+
+
+def nccl_env(cluster: Cluster) -> dict[str, str]:
+    """A host NCCL build (nccl.host_lib) preloaded over the image's own, for torch and for vLLM's
+    own NCCL wrapper alike, with that build's switches."""
+    lib = cluster.nccl.host_lib
+    return {"LD_PRELOAD": lib, "VLLM_NCCL_SO_PATH": lib, **cluster.nccl.env} if lib else {}
+
+
+def nccl_mounts(cluster: Cluster) -> list[str]:
+    """`docker run` options that bring the host NCCL build in, read-only at the same path."""
+    lib = cluster.nccl.host_lib
+    return ["-v", f"{lib}:{lib}:ro"] if lib else []
 
 
 def host_settings(c: ContainerSettings) -> list[str]:
@@ -382,7 +408,7 @@ def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list
     RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path."""
     model = loaded.cluster.model.path
     argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container)]
-    argv += ["-v", f"{model}:{model}:ro",
+    argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
              "--label", f"org.sparkstack.profile={loaded.profile.name}",
              "--label", f"org.sparkstack.rank={r}"]
     for key in sorted(env):
@@ -390,14 +416,14 @@ def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list
     return argv + [image]
 
 
-def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag]) -> list[str]:
+def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: str, master: str) -> list[str]:
     """The container's command after the image, from templates/engine (launcher/engine.py)."""
     cluster, profile = loaded.cluster, loaded.profile
     served = cluster.model.served_name or profile.served_name
     port = cluster.overrides.api_port or profile.api_port
     args: list[str] = []
     if profile.engine == "tensorfold":
-        args = _tensorfold_args(loaded, r, served, port)
+        args = _tensorfold_args(loaded, r, served, port, master)
     elif profile.engine == "vllm":
         F = vllm_flags.Flag
         managed = [F("--served-model-name", (served,)), F("--port", (str(port),))]
@@ -405,22 +431,21 @@ def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag]) -> list[s
             managed.append(F("--distributed-executor-backend", ("ray",)))
         elif len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
             managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
-                        F("--master-addr", (rendezvous(loaded),))]
+                        F("--master-addr", (master,))]
             if r > 0:
                 managed.append(F("--headless"))
         args = vllm_flags.render(vllm_flags.merge(flags, managed))
     return engine.command(profile.engine, cluster.multinode, rank=r, n_ranks=len(cluster.ranks),
-                          model=cluster.model.path, args=args, host_ip=_host_ip(loaded, cluster.ranks[r]),
-                          head=rendezvous(loaded))
+                          model=cluster.model.path, args=args, host_ip=host_ip, head=master)
 
 
-def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int) -> list[str]:
+def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int, master: str) -> list[str]:
     """Seed 001's recipe (one-shot.sh): `serve MODEL --tp N --rank R --master M --port P --host
     0.0.0.0 --name NAME`, then the profile's flags and the config's (TensorFold's argparse takes
     the last of a repeated flag, so the config's win). --host: TensorFold listens on 127.0.0.1
     by default, which the control host cannot reach."""
     cluster = loaded.cluster
-    managed = ["--tp", str(len(cluster.ranks)), "--rank", str(r), "--master", rendezvous(loaded),
+    managed = ["--tp", str(len(cluster.ranks)), "--rank", str(r), "--master", master,
                "--port", str(port), "--host", "0.0.0.0", "--name", served]
     return managed + vllm_flags.split_lines(loaded.profile.args) + vllm_flags.split_lines(
         cluster.overrides.engine_args)

@@ -20,6 +20,7 @@ Arguments (all optional; a bare path instead of JSON is taken as `sysfs_root`):
   sysctls        names to read besides DEFAULT_SYSCTLS.
   disk_paths     paths whose free space to report besides "/", the model dir, Docker's root.
   timeout_s      per command (default 5): a hung daemon costs a finding, not the probe.
+  nccl_lib       a host NCCL library (cluster.yaml nccl.host_lib) to find and read the version of.
 """
 
 import hashlib
@@ -284,6 +285,47 @@ def disk(paths):
     return out
 
 
+NCCL_MARK = b"NCCL version "
+
+
+def nccl_version_text(path, block=1 << 22):
+    """The "NCCL version 2.30.7+cuda13.0" string NCCL prints at init, read from the library
+    itself (a scan: the file is ~250 MB, read once into the page cache); None if absent."""
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(block)
+            data = carry + chunk
+            at = data.find(NCCL_MARK)
+            while at >= 0:
+                end = data.find(b"\0", at)
+                if end < 0 and chunk:  # the string runs on into the next block
+                    break
+                text = data[at:end] if end >= 0 else data[at:]
+                if text[len(NCCL_MARK):len(NCCL_MARK) + 1].isdigit():  # not a "%s" format
+                    return text[:80].decode("ascii", "replace")
+                at = data.find(NCCL_MARK, at + 1)
+            if not chunk:
+                return None
+            carry = data[at:] if at >= 0 else data[-len(NCCL_MARK):]
+
+
+def nccl_lib(path):
+    """The host NCCL library: its real file and size, and the version string in it."""
+    if not path:
+        return None
+    out = {"path": path}
+    try:
+        out["realpath"] = os.path.realpath(path)
+        out["size"] = os.stat(out["realpath"]).st_size
+        out["version_text"] = nccl_version_text(out["realpath"])
+    except FileNotFoundError:
+        return {"path": path, "missing": True}
+    except OSError as e:
+        out["error"] = "%s: %s" % (type(e).__name__, e.strerror or e)
+    return out
+
+
 def parse_args(argv):
     if len(argv) < 2 or not argv[1].strip():
         return {}
@@ -312,6 +354,7 @@ def probe(args):
     futures = {k: Background(run, argv, timeout) for k, argv in commands.items()}
     api = {k: Background(docker_get, sock, e, timeout) for k, e in DOCKER_API.items()} if sock else {}
     cls = sysfs_class(args.get("sysfs_root") or "/sys")
+    nccl = Background(nccl_lib, args.get("nccl_lib"))
     out = {
         "probe_version": PROBE_VERSION,
         "args": args,
@@ -330,8 +373,13 @@ def probe(args):
         "sysfs_infiniband": rdma_sysfs(cls),
         "ip_addr_file": read(args["ip_addr_file"]) if args.get("ip_addr_file") else None,
         "checkpoint": checkpoint(model_dir),
+        # the address this SSH session arrived at, and the default route: where the rank is
+        # reached when its configured `address` is a host name or a NAT's
+        "ssh_connection": os.environ.get("SSH_CONNECTION"),
+        "route": read("/proc/net/route"),
     }
     out["commands"] = {k: f.result() for k, f in futures.items()}
+    out["nccl_lib"] = nccl.result()
     out["docker_api"] = dict({k: f.result() for k, f in api.items()}, socket=sock) if sock else None
     if sock is None:
         docker_cli_images(out, timeout)

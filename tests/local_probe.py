@@ -3,6 +3,7 @@ interpreter: real output of the real script, for the tests that need facts witho
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -24,15 +25,21 @@ def run_probe(args: dict, env: dict | None = None) -> dict:
 
 def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
     """Sandbox rank r's fixture sysfs and `ip addr` written under root, then probed and parsed;
-    its memory is the sandbox rank's GB10 meminfo."""
-    from launcher.sandbox import fabric as sfabric
+    its memory is the sandbox rank's GB10 meminfo. The `ip addr` also holds what a sandbox rank's
+    real one shows beside the fixture's: its management address on eth0 (the sandbox's Docker
+    network, the config's `address`)."""
+    from launcher.sandbox import cluster, fabric as sfabric
 
     import dataclasses
 
     from launcher.sandbox import meminfo
 
     sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
-    (root / "ip-addr.json").write_text(json.dumps(sfabric.ip_addr_json(r)))
+    net = ipaddress.ip_network(cluster.DEFAULT_SUBNET)
+    eth0 = {"ifindex": 2, "ifname": "eth0", "mtu": 1500, "operstate": "UP",
+            "addr_info": [{"family": "inet", "local": cluster.rank_address(r, net),
+                           "prefixlen": net.prefixlen, "scope": "global"}]}
+    (root / "ip-addr.json").write_text(json.dumps([eth0] + sfabric.ip_addr_json(r)))
     found = facts.parse_facts(run_probe(facts.probe_args(str(root / "sysfs"))))
     # what the rank's /proc/meminfo shows (a GB10's), not this host's
     return dataclasses.replace(found, memory=facts.parse_meminfo(meminfo.meminfo(r)))

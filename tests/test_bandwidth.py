@@ -170,16 +170,18 @@ GOLDEN_RANK_2 = [
     "docker", "run", "--rm", "-i", "--pull", "never", "--name", "sparkstack-bandwidth",
     "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", "16g",
     "--ulimit", "nofile=1048576:1048576", "--ulimit", "memlock=-1:-1", "--device", "/dev/infiniband",
-    "-e", "GLOO_SOCKET_IFNAME=enp1s0f1np1",
+    "-e", "GLOO_SOCKET_IFNAME=eth0",
     "-e", "LOCAL_RANK=0",
     "-e", "MASTER_ADDR=172.31.240.11",
     "-e", "MASTER_PORT=29517",
+    "-e", "NCCL_ALGO=Ring",
     "-e", "NCCL_DEBUG=WARN",
-    "-e", "NCCL_IB_HCA==rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1",
+    "-e", "NCCL_IB_HCA==rocep1s0f0,rocep1s0f1",
     "-e", "NCCL_IB_MERGE_NICS=0",
     "-e", "NCCL_IB_SUBNET_AWARE_ROUTING=1",
+    "-e", "NCCL_NET=IB",
     "-e", "NCCL_NET_PLUGIN=none",
-    "-e", "NCCL_SOCKET_IFNAME==enp1s0f1np1",
+    "-e", "NCCL_SOCKET_IFNAME==eth0",
     "-e", "RANK=2",
     "-e", "UCX_NET_DEVICES=rocep1s0f0:1,rocep1s0f1:1",
     "-e", "VLLM_HOST_IP=172.31.240.13",
@@ -201,14 +203,24 @@ def test_command_per_rank_golden(ring):
         assert job.timeout == 180 + bandwidth.START_MARGIN_S
         e = job.env
         assert (e["RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"]) == (str(r), "4", "172.31.240.11", "29517")
-        # the rank's OWN pins: spark3's fabric IP sits on its second port, the others' on the first
-        assert e["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
-        assert e["NCCL_IB_HCA"] == "=" + ",".join(truth["hcas_in_use"])
-        assert e["GLOO_SOCKET_IFNAME"] == truth["netdev"]
+        # the rank's OWN pins: RDMA on both ports' addressed HCAs (the twins are unaddressed), the
+        # sockets on its management interface (a ring: every rank reaches every other there)
+        assert e["NCCL_IB_HCA"] == "=" + ",".join(port["hcas"][0] for port in truth["ports"])
+        assert (e["NCCL_SOCKET_IFNAME"], e["GLOO_SOCKET_IFNAME"]) == ("=eth0", "eth0")
+        assert e["VLLM_HOST_IP"] == f"172.31.240.{11 + r}"
         argv = argv_of(job)
         assert [argv[i + 1] for i, t in enumerate(argv) if t == "-e"] == [f"{k}={e[k]}" for k in sorted(e)]
         assert "VLLM_API_KEY" not in e and "sk-not-on-a-command-line" not in job.command
-    assert {jobs[r].env["NCCL_SOCKET_IFNAME"] for r in jobs} == {"=enp1s0f0np0", "=enp1s0f1np1"}
+    assert {jobs[r].env["NCCL_IB_HCA"] for r in jobs} == {"=rocep1s0f0,rocep1s0f1"}
+
+
+def test_command_mounts_the_host_nccl_the_env_preloads(ring):
+    lib = "/opt/nccl-2.30.7/lib/libnccl.so.2"
+    loaded = ring.loaded.model_copy(update={"cluster": ring.loaded.cluster.model_copy(update={
+        "nccl": ring.loaded.cluster.nccl.model_copy(update={"host_lib": lib})})})
+    envs, _ = bandwidth.rank_envs(loaded, ring.facts)
+    argv = argv_of(bandwidth.commands(loaded, IMAGE, envs)[1])
+    assert argv[argv.index(f"{lib}:{lib}:ro") - 1] == "-v" and f"LD_PRELOAD={lib}" in argv
 
 
 def test_command_env_is_the_plans_serving_env(ring):

@@ -5,9 +5,9 @@ Rows a HEALTHY sandbox honestly does not pass (asserted in test_healthy_sandbox)
   the sandbox test therefore checks a ref every rank has (the stand-in base image);
 - ulimits: warn -- the host's hard limits (nofile 20000, memlock 8 MiB) cap the ranks' dockerd,
   which has no CAP_SYS_RESOURCE, below the seeds' 1048576 / unlimited;
-- peers, jumbo: warn -- the ring's cables are real (veth pairs, MTU 9000, launcher/sandbox/links.py)
-  so each rank's two neighbours answer, the 9000 B don't-fragment ping included; the other ranks'
-  configured fabric IPs lie beyond the neighbours, unrouted as in a plain ring.
+- roce: warn -- the sandbox leaves each QSFP port's twin unaddressed, so NCCL_IB_HCA leaves it out.
+The ring's cables are real (veth pairs, MTU 9000, launcher/sandbox/links.py): peers and jumbo
+pass when every ring link answers both ways; the ranks beyond the neighbours are not pinged.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from local_probe import sandbox_rank_facts
 from launcher import check, config, facts, gather, plan
 from launcher.cli import main
-from launcher.facts import Checkpoint, Clock, Docker, DockerUlimits, Image, Limit, Memory, Ulimits
+from launcher.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
 
 GIB = 1 << 30
 IMAGE = "sparkstack/keys:0123456789abcdef"
@@ -64,7 +64,27 @@ def fabric_facts(tmp_path_factory):
     return {r: sandbox_rank_facts(tmp_path_factory.mktemp(f"spark{r + 1}"), r) for r in range(4)}
 
 
+def addressed_twins(f: facts.Facts) -> facts.Facts:
+    """The rank with each addressed port's twin addressed too, on a subnet of its own
+    (192.168.178.x beside 192.168.177.x), as NVIDIA's playbooks do: its IPv4 RoCE v2 GIDs follow."""
+    ifaces = {i.name: i for i in f.interfaces}
+    devices = []
+    for d in f.rdma:
+        primary = ifaces.get(d.netdevs[0].replace("enP2p", "enp")) if d.name.startswith("roceP2") else None
+        if primary and primary.ipv4:
+            netdev = d.netdevs[0]
+            addr = primary.ipv4[0].replace("192.168.177.", "192.168.178.")
+            ifaces[netdev] = dataclasses.replace(ifaces[netdev], ipv4=(addr,))
+            a, b, c, e = (int(x) for x in addr.split("/")[0].split("."))
+            port, mapped = d.ports[0], f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{e:02x}"
+            gids = tuple(Gid(len(port.gids) + i, mapped, t, netdev) for i, t in enumerate(("IB/RoCE v1", "RoCE v2")))
+            d = dataclasses.replace(d, ports=(dataclasses.replace(port, gids=port.gids + gids),))
+        devices.append(d)
+    return dataclasses.replace(f, interfaces=tuple(ifaces.values()), rdma=tuple(devices))
+
+
 def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:
+    f = addressed_twins(f)
     base = dict(
         memory=Memory(127_600_000 * 1024, 118 * GIB - r * GIB // 10, 117 * GIB, 2 * GIB, 0, 0, 0),
         sysctls={"vm.swappiness": "1", "vm.compaction_proactiveness": "0", "fs.nr_open": "1048576"},
@@ -93,6 +113,11 @@ def with_container(loaded, **kw):
     """A copy of the loaded config with container settings changed (the models are frozen)."""
     container = loaded.cluster.container.model_copy(update=kw)
     return loaded.model_copy(update={"cluster": loaded.cluster.model_copy(update={"container": container})})
+
+
+def with_cluster(loaded, **kw):
+    """A copy of the loaded config with top-level cluster fields changed."""
+    return loaded.model_copy(update={"cluster": loaded.cluster.model_copy(update=kw)})
 
 
 def row(report: check.Report, rank: int, name: str) -> check.Row:
@@ -240,13 +265,134 @@ def test_fabric_rows_mtu_mismatch_and_unreachable_peers(sandbox_config, fabric_f
     assert row(report, 1, "jumbo").value.startswith("not measured: the fabric MTU is not 9000")
 
 
-def test_ring_ping_targets_include_each_cable_far_end(sandbox_config, fabric_facts):
-    """spark1 (192.168.177.1 on port 0, .14 on port 1): its cables end at spark2's .2 and
-    spark4's .13; the other ranks' configured fabric IPs are pinged too (routed, warn-only)."""
+def test_ring_ping_targets_are_each_cable_far_end_only(sandbox_config, fabric_facts):
+    """spark1 (192.168.177.1 on port 0, .14 on port 1; the twins on 192.168.178.x): its cables
+    end at spark2 (.2 on both rails) and spark4 (.13); nothing beyond the neighbours is pinged."""
     targets = check.ping_targets(sandbox_config, {r: healthy(f, r) for r, f in fabric_facts.items()})
-    mine = {(t.peer, t.ip, t.kind) for t in targets[0]}
-    assert (1, "192.168.177.2", "link") in mine and (3, "192.168.177.13", "link") in mine
-    assert (1, "192.168.177.5", "fabric") in mine and (2, "192.168.177.6", "fabric") in mine
+    mine = {(t.peer, t.ip, t.kind, t.df_size) for t in targets[0]}
+    assert mine == {(1, "192.168.177.2", "link", 8972), (1, "192.168.178.2", "link", 8972),
+                    (3, "192.168.177.13", "link", 8972), (3, "192.168.178.13", "link", 8972)}
+
+
+def test_a_down_ring_port_still_names_its_far_end(sandbox_config, fabric_facts):
+    f0 = healthy(fabric_facts[0], 0)
+    down = tuple(dataclasses.replace(i, operstate="down") if i.name == "enp1s0f0np0" else i for i in f0.interfaces)
+    targets = check.rank_ping_targets(sandbox_config, 0, dataclasses.replace(f0, interfaces=down))
+    assert "192.168.177.2" in {t.ip for t in targets}
+
+
+def ring_inputs(loaded, fabric_facts, failing: dict[int, set[str]]):
+    """Every ping answers but those to the IPs in failing[rank] (plain and DF)."""
+    inp = inputs(loaded, fabric_facts)
+    for r, ips in failing.items():
+        pings = dict(inp.extras[r].pings)
+        pings.update({(ip, df): check.PingAnswer(False, "1 packets transmitted, 0 received, 100% packet loss")
+                      for ip in ips for df in (False, True)})
+        inp.extras[r] = dataclasses.replace(inp.extras[r], pings=pings)
+    return inp
+
+
+@pytest.mark.parametrize("failing", [{0: {"192.168.177.2"}, 1: {"192.168.177.1"}},  # cut: neither way
+                                     {0: {"192.168.177.2"}}],  # one way only: still the link is down
+                         ids=["both-ways", "one-way"])
+def test_a_ring_link_down_fails_both_ends_naming_each_other(sandbox_config, fabric_facts, failing):
+    report = check.evaluate(ring_inputs(sandbox_config, fabric_facts, failing))
+    for name in ("peers", "jumbo"):
+        near, far = row(report, 0, name), row(report, 1, name)
+        assert near.status == far.status == "fail", (near, far)
+        assert "ring link to rank 1 unreachable: rank 0 → rank 1 192.168.177.2" in near.value
+        assert "ring link to rank 0 unreachable: " in far.value and "rank 0 → rank 1 192.168.177.2" in far.value
+        assert near.value.startswith("TP needs every link of the ring: ")
+        assert "ring link to rank 3" not in near.value and "ring link to rank 2" not in far.value
+    if 1 in failing:
+        assert "rank 1 → rank 0 192.168.177.1 (9000 B DF): 1 packets transmitted, 0 received" in row(report, 0, "jumbo").value
+    assert "cable between the two ranks" in row(report, 0, "peers").fix
+    # spark3 and spark4's links answer: nothing beyond the neighbours is a warning any more
+    for r in (2, 3):
+        assert row(report, r, "peers").status == "pass", row(report, r, "peers")
+    assert row(report, 2, "peers").value.startswith("ring links answer both ways: rank 1 192.168.177.5")
+    assert not report.ok
+
+
+def test_ring_link_to_a_rank_that_did_not_answer_is_not_judged(sandbox_config, fabric_facts):
+    inp = inputs(sandbox_config, fabric_facts)
+    inp.gathered[1] = gather.RankFacts(1, "spark2", None, "rank 1 (spark2): unreachable", 0.01)
+    report = check.evaluate(inp)
+    peers = row(report, 0, "peers")
+    assert peers.status == "warn" and peers.value == ("links up: rank 3 192.168.177.13, rank 3 192.168.178.13; "
+                                                      "not judged: rank 1 did not answer")
+    assert row(report, 3, "peers").status == "pass" and not report.ok  # rank 1's ssh row fails
+
+
+def test_ring_listed_out_of_cable_order_fails_naming_the_missing_link(sandbox_config, fabric_facts):
+    order = [0, 2, 1, 3]  # spark1, spark3, spark2, spark4: spark1 has no cable to spark3
+    ranks = [sandbox_config.cluster.ranks[i] for i in order]
+    loaded = with_cluster(sandbox_config, ranks=ranks)
+    report = check.evaluate(inputs(loaded, {r: fabric_facts[i] for r, i in enumerate(order)}))
+    peers = row(report, 0, "peers")
+    assert peers.status == "fail"
+    assert "no addressed cable between rank 0 and rank 1 found (this rank's cables end at rank 2 192.168.177.2" in peers.value
+    assert "list the ranks in cable order" in peers.fix
+
+
+def test_sandbox_twins_unaddressed_warn_in_the_roce_row(sandbox_config, fabric_facts):
+    inp = inputs(sandbox_config, fabric_facts)
+    inp.gathered = {r: dataclasses.replace(g, facts=dataclasses.replace(g.facts, rdma=fabric_facts[r].rdma,
+                                                                         interfaces=fabric_facts[r].interfaces))
+                    for r, g in inp.gathered.items()}
+    roce = row(check.evaluate(inp), 0, "roce")
+    assert roce.status == "warn" and "roceP2p1s0f0 (twin of rocep1s0f0) has no IPv4 address" in roce.value
+    assert roce.fix.startswith("address enP2p1s0f0np0 on a subnet of its own")
+
+
+def test_roce_row_shows_nccls_gid_pick_and_fails_a_wrong_pin(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts))
+    assert "NCCL_IB_GID_INDEX unset: NCCL picks the IPv4 RoCE v2 entry per HCA: rocep1s0f0 5," in row(report, 1, "roce").value
+    # spark2 and spark4 carry an extra IPv6 address: their IPv4 entry is at 5, not 3
+    pinned = with_cluster(sandbox_config, fabric=sandbox_config.cluster.fabric.model_copy(update={"gid_index": 3}))
+    report = check.evaluate(inputs(pinned, fabric_facts))
+    assert [row(report, r, "roce").status for r in range(4)] == ["pass", "fail", "pass", "fail"]
+    assert "NCCL_IB_GID_INDEX=3 (pinned) is not the IPv4 RoCE v2 entry: rocep1s0f0 index 3 is" in row(report, 1, "roce").value
+
+
+def test_link_row_shows_the_ring_sockets_network(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts))
+    assert "sockets on eth0 (172.31.240.12): the management network every rank reaches" in row(report, 1, "link").value
+
+
+NCCL_SO = "/opt/nccl-2.30.7/lib/libnccl.so.2"
+
+
+def nccl_lib(version="2.30.7+cuda13.0", size=251_234_112, present=True):
+    if not present:
+        return NcclLib(NCCL_SO, False, problem=f"{NCCL_SO}: no such file")
+    return NcclLib(NCCL_SO, True, "/opt/nccl-2.30.7/lib/libnccl.so.2.30.7", size, version)
+
+
+def test_nccl_row_without_a_host_build(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts))
+    assert row(report, 0, "nccl") == check.Row("nccl", "pass", "the image's own (nccl.host_lib not set)")
+
+
+@pytest.mark.parametrize("odd, status, text", [
+    (None, "pass", f"{NCCL_SO} (/opt/nccl-2.30.7/lib/libnccl.so.2.30.7): NCCL 2.30.7+cuda13.0, 251,234,112 B, "
+                   "same on all ranks"),
+    (nccl_lib(present=False), "fail", f"{NCCL_SO}: no such file"),
+    (nccl_lib("2.28.9+cuda13.0"), "fail", f"{NCCL_SO} (/opt/nccl-2.30.7/lib/libnccl.so.2.30.7): NCCL "
+     "2.28.9+cuda13.0, 251,234,112 B on rank 2, but NCCL 2.30.7+cuda13.0, 251,234,112 B on ranks 0, 1, 3"),
+    (nccl_lib(size=250_000_000), "fail", "250,000,000 B on rank 2, but NCCL 2.30.7+cuda13.0, 251,234,112 B on ranks 0, 1, 3"),
+], ids=["same", "missing", "version", "another-build"])
+def test_nccl_row_with_a_host_build(sandbox_config, fabric_facts, odd, status, text):
+    loaded = with_cluster(sandbox_config, nccl=sandbox_config.cluster.nccl.model_copy(update={"host_lib": NCCL_SO}))
+    libs = {r: {"nccl_lib": nccl_lib()} for r in range(4)}
+    if odd:
+        libs[2] = {"nccl_lib": odd}
+    report = check.evaluate(inputs(loaded, fabric_facts, libs))
+    got = row(report, 2, "nccl")
+    assert got.status == status and text in got.value, got
+    if status == "fail":
+        assert NCCL_SO in got.fix and not report.ok
+        assert row(report, 0, "nccl").status == "pass"
 
 
 def test_extras_invocation_and_parse():
@@ -335,22 +481,17 @@ def test_healthy_sandbox(sandbox, loaded):
     report = check.run(loaded, image=sandbox.images["vllm"])
     s = statuses(report)
     for name in ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "link",
-                 "roce", "mtu", "checkpoint", "disk", "clock"):
+                 "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock"):
         assert s[name] == {"pass"}, (name, [row(report, r, name) for r in range(4)])
-    assert s["ulimits"] == {"warn"}
+    assert s["ulimits"] == {"warn"} and s["roce"] == {"warn"}  # the twins are unaddressed
     assert "(dockerd hard limit)" in row(report, 0, "ulimits").value
     for name in ("peers", "jumbo"):
         for r in range(4):
             c = row(report, r, name)
-            # both cable ends answer (at 9000 B, DF, for jumbo); the far ranks are not routed
-            assert c.status == "warn" and "beyond the ring neighbours, unreachable" in c.value, c
-            neighbours = {(r + 1) % 4, (r - 1) % 4}
+            # both cable ends answer (at 9000 B, DF, for jumbo); nothing beyond them is pinged
             targets = report_targets(loaded, r)
-            cabled = [t for t in targets if t.kind == "link" and t.peer in neighbours]
-            assert len(cabled) == 2 and c.value.startswith(f"2/{len(targets)} answer"), c
-            for t in targets:
-                listed = f"rank {t.peer} {t.ip}" in c.value.split("unreachable: ", 1)[1]
-                assert listed == (t not in cabled), (c, t)
+            assert {t.peer for t in targets} == {(r + 1) % 4, (r - 1) % 4}, targets
+            assert all(f"rank {t.peer} {t.ip}" in c.value for t in targets), c
     assert report.ok
 
 
@@ -375,13 +516,12 @@ def test_a_cut_cable_fails_both_ends(sandbox, loaded):
                 c = row(report, r, name)
                 assert c.status == "fail" and far in c.value.split("unreachable")[1], c
         assert "cable" in row(report, 0, "peers").fix
-        assert row(report, 2, "peers").status == "warn"  # spark3's own cables are fine
-        # the kernel's view too: both ends' ports are down, so their link rows fail
+        assert row(report, 2, "peers").status == "pass"  # spark3's own cables are fine
         # and the kernel's view: spark1's fabric port lost its carrier, so its link row fails
         assert row(report, 0, "link").status == "fail" and "down" in row(report, 0, "link").value
     finally:
         assert cluster.mend_cables(sandbox.state_dir) == [0]
-    assert row(check.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "warn"
+    assert row(check.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "pass"
 
 
 def test_image_missing_on_one_rank_is_named(sandbox, loaded):

@@ -49,6 +49,14 @@ CASES = {
                            ["overrides.engine_args: --max-num-seqs: invalid int value 'eight'"]),
     "override changes tp": (set_in(["overrides", "engine_args"], ["--tensor-parallel-size 2"]),
                             ["tensor parallel 2 × pipeline parallel 1 = 2"]),
+    "negative gid index": (set_in(["fabric"], {"gid_index": -1}), ["fabric.gid_index:", "greater than or equal to 0"]),
+    "gid index in env not a number": (set_in(["overrides", "env"], {"NCCL_IB_GID_INDEX": "three"}),
+                                      ["overrides.env.NCCL_IB_GID_INDEX: 'three' is not a GID index"]),
+    "two gid indexes": (lambda d: d.update(fabric={"gid_index": 3}, overrides={"env": {"NCCL_IB_GID_INDEX": "5"}}),
+                        ["fabric.gid_index 3 and overrides.env.NCCL_IB_GID_INDEX 5 disagree"]),
+    "relative host nccl": (set_in(["nccl"], {"host_lib": "lib/libnccl.so.2"}), ["nccl.host_lib: must be an absolute path"]),
+    "nccl env without a lib": (set_in(["nccl"], {"env": {"NCCL_SWITCHLESS_RING_ONLY": "1"}}),
+                               ["nccl:", "give `host_lib` too"]),
 }
 
 

@@ -4,6 +4,7 @@ the probe script itself run as a subprocess against fixture trees, its output fe
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import shlex
@@ -33,6 +34,9 @@ PARSERS = {
     "gpu": facts.parse_gpu,
     "disks": facts.parse_disks,
     "clock": facts.parse_clock,
+    "nccl_lib": facts.parse_nccl_lib,
+    "default_route": facts.parse_default_route,
+    "ssh_connection": facts.parse_ssh_connection,
 }
 
 
@@ -274,3 +278,48 @@ def test_docker_api_problem_names_the_socket(tmp_path):
     assert f.docker.server_version is None
     assert "docker: the daemon does not answer (/version on /var/run/docker.sock: ConnectionRefusedError: " \
            "Connection refused)" in f.problems
+
+
+# --- the host NCCL library ------------------------------------------------------------------------
+
+def probe_module():
+    spec = importlib.util.spec_from_file_location("probe_under_test", facts.PROBE_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_nccl(path: Path, version: str = "2.30.7+cuda13.0") -> None:
+    """An ELF-ish file holding, as libnccl.so does, a format string first and then the version."""
+    path.write_bytes(b"\x7fELF" + b"\0" * 5000 + b"NCCL version %s\0" + b"x" * 3000
+                     + f"NCCL version {version}\0".encode() + b"\0" * 2000)
+
+
+@pytest.mark.parametrize("block", [1 << 22, 64, 13, 7])
+def test_probe_reads_the_nccl_version_across_block_edges(tmp_path, block):
+    lib = tmp_path / "libnccl.so.2.30.7"
+    fake_nccl(lib)
+    assert probe_module().nccl_version_text(str(lib), block) == "NCCL version 2.30.7+cuda13.0"
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"NCCL version %s\0" * 10)
+    assert probe_module().nccl_version_text(str(plain), block) is None
+
+
+def test_probe_finds_the_host_nccl_behind_its_soname_link(tmp_path):
+    write_spark_sysfs(tmp_path / "sysfs", {})
+    real = tmp_path / "libnccl.so.2.30.7"
+    fake_nccl(real)
+    (tmp_path / "libnccl.so.2").symlink_to(real.name)
+    found = facts.parse_facts(run_probe(facts.probe_args(str(tmp_path / "sysfs"), nccl_lib=str(tmp_path / "libnccl.so.2"))))
+    assert found.nccl_lib == facts.NcclLib(str(tmp_path / "libnccl.so.2"), True, str(real), real.stat().st_size,
+                                           "2.30.7+cuda13.0")
+    gone = facts.parse_facts(run_probe(facts.probe_args(str(tmp_path / "sysfs"), nccl_lib=str(tmp_path / "nope.so"))))
+    assert not gone.nccl_lib.present and gone.nccl_lib.problem == f"{tmp_path / 'nope.so'}: no such file"
+    assert facts.parse_facts(run_probe(facts.probe_args(str(tmp_path / "sysfs")))).nccl_lib is None
+
+
+def test_probe_reports_where_its_ssh_session_arrived(tmp_path):
+    write_spark_sysfs(tmp_path / "sysfs", {})
+    raw = run_probe(facts.probe_args(str(tmp_path / "sysfs")), env={"SSH_CONNECTION": "10.0.0.2 51234 10.0.0.13 22"})
+    assert facts.parse_facts(raw).ssh_address == "10.0.0.13"
+    assert raw["route"] is None or raw["route"].startswith("Iface")

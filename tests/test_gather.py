@@ -69,10 +69,14 @@ def test_plan_with_facts_uses_memory_and_each_ranks_fabric(sandbox, loaded):
     assert not any(a.startswith(("MemAvailable", "fabric environment")) for a in live.assumed)
     for r, rank in enumerate(live.ranks):
         truth = sandbox.truth[sandbox.names[r]]
-        assert rank.env["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
-        assert rank.env["NCCL_IB_HCA"] == "=" + ",".join(truth["hcas_in_use"])
-        assert rank.env["VLLM_HOST_IP"] == loaded.cluster.ranks[r].address  # ring: management address
-        assert f"NCCL_SOCKET_IFNAME=={truth['netdev']}" in rank.docker_run
+        address = loaded.cluster.ranks[r].address
+        mgmt = next(i.name for i in found[r].interfaces if any(a.startswith(address + "/") for a in i.ipv4))
+        # a ring: the sockets on the management interface holding the rank's address
+        assert rank.env["NCCL_SOCKET_IFNAME"] == "=" + mgmt != "=" + truth["netdev"]
+        assert rank.env["VLLM_HOST_IP"] == address
+        # RDMA on each port's addressed HCA (the sandbox leaves the twins unaddressed)
+        assert rank.env["NCCL_IB_HCA"] == "=" + ",".join(port["hcas"][0] for port in truth["ports"])
+        assert f"NCCL_SOCKET_IFNAME=={mgmt}" in rank.docker_run
     # the offline plan is unchanged by this: still says what it did not know
     assert any(a.startswith("fabric environment") for a in offline.assumed)
 

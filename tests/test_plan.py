@@ -317,9 +317,76 @@ def test_tensorfold_ranks_get_their_own_fabric_env(tmp_path):
     assert not any(a.startswith("fabric environment") for a in built.assumed)
     for r, rank in enumerate(built.ranks):
         truth = sfabric.fabric_truth(r)
-        assert rank.env["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
-        assert rank.env["GLOO_SOCKET_IFNAME"] == truth["netdev"]
+        # a ring: sockets on the management network (the sandbox's eth0), RDMA on both cabled
+        # ports' addressed HCAs, rings only
+        assert (rank.env["NCCL_SOCKET_IFNAME"], rank.env["GLOO_SOCKET_IFNAME"]) == ("=eth0", "eth0")
         assert rank.env["NCCL_IB_HCA"] == "=" + ",".join(truth["hcas_in_use"])
-        assert f"NCCL_SOCKET_IFNAME=={truth['netdev']}" in rank.docker_run
+        assert rank.env["NCCL_ALGO"] == "Ring" and "NCCL_SOCKET_IFNAME==eth0" in rank.docker_run
         assert rank.engine[rank.engine.index("--master") + 1] == "172.31.240.11"
-    assert {r.env["NCCL_SOCKET_IFNAME"] for r in built.ranks} == {"=enp1s0f0np0", "=enp1s0f1np1"}
+
+
+# --- the fabric env from each rank's facts ---------------------------------------------------------
+
+def example_facts(mgmt_names=("enP7s7", "eno1", "enP7s7", "enP7s7"), **kw):
+    """Each example rank's facts: its fabric IP on the port the example config says (spark3's on
+    port 1), its management port (named as given) holding its configured address."""
+    from test_fabric import spark
+
+    fabric_ips = ["192.168.177.1", "192.168.177.2", "192.168.178.3", "192.168.178.4"]
+    return {r: spark({"enp1s0f1np1" if r == 2 else "enp1s0f0np0": fabric_ips[r]},
+                     mgmt=(mgmt_names[r], f"10.0.0.1{r + 1}/24"), **kw) for r in range(4)}
+
+
+def build(path, found):
+    from launcher import config, plan
+
+    return plan.build(config.load(path), facts=found)
+
+
+def test_ring_sockets_and_master_on_each_ranks_management_interface(write_config):
+    p = build(write_config(), example_facts())
+    for r, rank in enumerate(p.ranks):
+        iface = "eno1" if r == 1 else "enP7s7"
+        env = rank.env
+        assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"], env["VLLM_HOST_IP"]) == \
+            (f"={iface}", iface, f"10.0.0.1{r + 1}")
+        assert env["NCCL_IB_HCA"] == ("=rocep1s0f1" if r == 2 else "=rocep1s0f0")  # the twins are unaddressed
+        assert (env["NCCL_ALGO"], env["NCCL_NET"]) == ("Ring", "IB") and "NCCL_IB_GID_INDEX" not in env
+        assert rank.engine[rank.engine.index("--master-addr") + 1] == "10.0.0.11"
+
+
+def test_ring_master_is_rank_0s_management_ip_even_when_its_address_is_a_host_name(write_config):
+    path = write_config(lambda d: d["ranks"][0].update(address="spark1.lan"))
+    p = build(path, example_facts(ssh_address=None) | {0: example_facts(ssh_address="10.0.0.11")[0]})
+    assert p.ranks[1].engine[p.ranks[1].engine.index("--master-addr") + 1] == "10.0.0.11"
+    assert p.ranks[0].env["VLLM_HOST_IP"] == "10.0.0.11"
+    assert ("management network of rank 0 (spark1): spark1.lan is a host name: sockets on enP7s7 (10.0.0.11), "
+            "where the kit's SSH connection arrived") in p.assumed
+
+
+def test_switch_keeps_sockets_on_the_fabric_and_no_ring_algorithm(write_config):
+    p = build(write_config(lambda d: d.update(topology="switch")), example_facts())
+    env = p.ranks[2].env
+    assert (env["NCCL_SOCKET_IFNAME"], env["VLLM_HOST_IP"], env["NCCL_NET"]) == ("=enp1s0f1np1", "192.168.178.3", "IB")
+    assert "NCCL_ALGO" not in env and "NCCL_IB_MERGE_NICS" not in env
+    assert p.ranks[2].engine[p.ranks[2].engine.index("--master-addr") + 1] == "192.168.177.1"
+
+
+def test_gid_index_only_when_pinned(write_config):
+    assert "NCCL_IB_GID_INDEX" not in plan_json(write_config())["ranks"][0]["env"]
+    pinned = plan_json(write_config(lambda d: d.update(fabric={"gid_index": 3})))
+    assert {r["env"]["NCCL_IB_GID_INDEX"] for r in pinned["ranks"]} == {"3"}
+    assert build(write_config(lambda d: d.update(fabric={"gid_index": 3})), example_facts()).ranks[0] \
+        .env["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_host_nccl_is_mounted_and_preloaded(write_config):
+    lib = "/opt/nccl-2.30.7/lib/libnccl.so.2"
+    data = plan_json(write_config(lambda d: d.update(
+        nccl={"host_lib": lib, "env": {"NCCL_SWITCHLESS_RING_ONLY": "1"}})))
+    for rank in data["ranks"]:
+        run = rank["docker_run"]
+        assert run[run.index(f"{lib}:{lib}:ro") - 1] == "-v"
+        assert {k: rank["env"][k] for k in ("LD_PRELOAD", "VLLM_NCCL_SO_PATH", "NCCL_SWITCHLESS_RING_ONLY")} == \
+            {"LD_PRELOAD": lib, "VLLM_NCCL_SO_PATH": lib, "NCCL_SWITCHLESS_RING_ONLY": "1"}
+    assert not any("libnccl" in t for t in plan_json(write_config())["ranks"][0]["docker_run"])

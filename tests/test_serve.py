@@ -30,6 +30,13 @@ def record(sandbox, name):
     return engine_record(sandbox, name, VLLM_RECORD)
 
 
+def mgmt_if(sandbox, name):
+    """The rank's interface holding its configured address: a ring's sockets go there."""
+    rc, out, err = sandbox.run(name, f"ip -o -4 addr show to {sandbox.rank(name)['address']}/32")
+    assert rc == 0 and out.split(), err
+    return out.split()[1]
+
+
 def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
     plan = json.loads(cli("plan", "-c", cfg, "--json").stdout)
     head = sandbox.rank("spark1")["address"]
@@ -51,11 +58,14 @@ def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
         assert ["vllm", *argv] == plan["ranks"][r]["engine"]  # templates/engine/vllm.j2
         for key, value in plan["ranks"][r]["env"].items():
             assert rec["env"][key] == value
-        # its own fabric pins, from its own sysfs (spark3's fabric IP sits on the second port)
+        # its own fabric pins, from its own facts (spark3's fabric IP sits on the second port);
+        # a ring's sockets on the management interface every rank reaches
         truth = sandbox.truth[name]
-        assert rec["env"]["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
-        assert rec["env"]["GLOO_SOCKET_IFNAME"] == truth["netdev"]
-        assert set(truth["hca_twins"]) <= set(rec["env"]["NCCL_IB_HCA"].lstrip("=").split(","))
+        iface = mgmt_if(sandbox, name)
+        assert (rec["env"]["NCCL_SOCKET_IFNAME"], rec["env"]["GLOO_SOCKET_IFNAME"]) == ("=" + iface, iface)
+        assert rec["env"]["VLLM_HOST_IP"] == sandbox.rank(name)["address"]
+        assert truth["hca"] in rec["env"]["NCCL_IB_HCA"].lstrip("=").split(",")
+        assert (rec["env"]["NCCL_ALGO"], rec["env"]["NCCL_NET"]) == ("Ring", "IB")
         # the image chain's patches are what the engine imports (dcp, mul1, keys stages)
         assert set(rec["patches"]) >= {"vllm/v1/attention/backends/mla/sm120_dcp.py",
                                        "vllm/model_executor/layers/quantization/exl3.py",
@@ -171,7 +181,7 @@ def test_ray_mode_head_then_workers(sandbox, cfg, started, tmp_path):
             ray = json.loads(out)
             assert ray["role"] == ("head" if r == 0 else "worker")
             assert ray["address"] == f"{head}:6379"  # the head's own, and where each worker joins
-            assert ray["env"]["NCCL_SOCKET_IFNAME"] == "=" + sandbox.truth[name]["netdev"]
+            assert ray["env"]["NCCL_SOCKET_IFNAME"] == "=" + mgmt_if(sandbox, name)
         # the same config again: nothing changes
         again = cli("up", "-c", str(ray_cfg))
         assert again.exit_code == 0 and "already running as planned" in again.output

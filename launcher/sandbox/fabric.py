@@ -212,7 +212,9 @@ def fabric_truth(rank: int, n: int = N_RANKS, topology: str = "ring") -> dict:
         "netdev": netdev,
         "hca": hca,
         "hca_twins": twins,
-        "hcas_in_use": [h for h, _nd, p, _d in HCAS if p in cabled_ports(rank, topology)],
+        # what NCCL_IB_HCA lists: the addressed HCA of each cabled port (the twins hold no
+        # address, so NCCL would run them on a link-local RoCE v1 entry)
+        "hcas_in_use": [h for h, _nd, p, d in HCAS if p in cabled_ports(rank, topology) and d == "0000"],
         "gid_index": gid_index,
         "gid": _ipv4_mapped(ip),
         "link_local_gid_index": 1,
