@@ -102,8 +102,7 @@ def test_a_rank_without_docker_fails_alone_and_reship_completes(sandbox, group, 
 
 def _restart_dockerd(client, container: str) -> None:
     c = client.containers.get(container)
-    c.exec_run("sh -c 'dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 "
-               ">>/var/log/dockerd.log 2>&1 &'", detach=True)
+    c.exec_run("sh -c '/usr/local/sbin/sandbox-dockerd &'", detach=True)  # as the rank's init does
     for _ in range(100):
         if c.exec_run("docker info").exit_code == 0:
             return

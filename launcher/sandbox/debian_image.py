@@ -167,19 +167,8 @@ for home in /root /home/spark; do
     install -m 0600 -o "$owner" /sandbox/ssh/authorized_keys "$home/.ssh/authorized_keys"
 done
 
-# The rank's own Docker engine, its image store on the rank's own volume (/var/lib/docker).
-# overlay2 works here: the volume is a plain ext4 directory and the kernel has overlayfs; the
-# host engine's fuse-overlayfs is only needed for the host's own configuration. If overlay2
-# cannot start (another kernel, a volume on overlayfs), fall back to vfs (slow, always works).
-# Every container it starts runs through sandbox-runc (below): it sees this rank's meminfo and
-# fabric fixtures, as a container on a real Spark sees the host's /proc/meminfo and sysfs.
-RUNTIME="--add-runtime=sandbox-runc=/usr/local/sbin/sandbox-runc --default-runtime=sandbox-runc"
-(
-    dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 $RUNTIME \
-        >>/var/log/dockerd.log 2>&1 \
-    || { log "overlay2 failed, using vfs"; \
-         exec dockerd --storage-driver=vfs --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>/var/log/dockerd.log 2>&1; }
-) &
+# The rank's own Docker engine (sandbox-dockerd, below).
+/usr/local/sbin/sandbox-dockerd &
 
 exec /usr/sbin/sshd -D -e
 """
@@ -222,6 +211,19 @@ if "create" in args or "run" in args:
 os.execv("/usr/sbin/runc", ["runc", *args])
 """
 
+# The rank's own Docker engine, its image store on the rank's own volume (/var/lib/docker); the
+# one way to start it (the rank's init, a test restarting it). overlay2 works here: the volume is
+# a plain ext4 directory and the kernel has overlayfs; if overlay2 cannot start (another kernel,
+# a volume on overlayfs), vfs (slow, always works). Every container it starts runs through
+# sandbox-runc: it sees this rank's meminfo and fabric fixtures, as a container on a real Spark
+# sees the host's /proc/meminfo and sysfs.
+SANDBOX_DOCKERD = r"""#!/bin/sh
+RUNTIME="--add-runtime=sandbox-runc=/usr/local/sbin/sandbox-runc --default-runtime=sandbox-runc"
+dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>/var/log/dockerd.log 2>&1 \
+    || { echo "sandbox-dockerd: overlay2 failed, using vfs" >>/var/log/dockerd.log;
+         exec dockerd --storage-driver=vfs --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>/var/log/dockerd.log 2>&1; }
+"""
+
 SSHD_CONF = """# sparkstack sandbox rank
 PasswordAuthentication no
 KbdInteractiveAuthentication no
@@ -236,6 +238,7 @@ RANK_DOCKERFILE = """FROM {parent}
 COPY sandbox-rank-init /usr/local/sbin/sandbox-rank-init
 COPY sandbox.conf /etc/ssh/sshd_config.d/sandbox.conf
 COPY sandbox-runc /usr/local/sbin/sandbox-runc
+COPY sandbox-dockerd /usr/local/sbin/sandbox-dockerd
 LABEL org.sparkstack.sandbox="1" org.sparkstack.sandbox.role="rank"
 CMD ["/usr/local/sbin/sandbox-rank-init"]
 """
@@ -289,8 +292,8 @@ HOOKS = {RANK_FS.repository: _RANK_HOOKS, STANDIN_FS.repository: _STANDIN_HOOKS}
 def rank_stage() -> FilesStage:
     return FilesStage("sparkstack-sandbox-rank", RANK_FS, RANK_DOCKERFILE,
                       {"sandbox-rank-init": RANK_INIT.encode(), "sandbox.conf": SSHD_CONF.encode(),
-                       "sandbox-runc": SANDBOX_RUNC.encode()},
-                      {"sandbox-rank-init": 0o755, "sandbox-runc": 0o755})
+                       "sandbox-runc": SANDBOX_RUNC.encode(), "sandbox-dockerd": SANDBOX_DOCKERD.encode()},
+                      {"sandbox-rank-init": 0o755, "sandbox-runc": 0o755, "sandbox-dockerd": 0o755})
 
 
 # The files of a vLLM EXL3 image that the chain's stages add to or overlay (vLLM's package layout

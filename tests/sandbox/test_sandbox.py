@@ -444,3 +444,14 @@ def test_down_removes_only_its_own_then_warm_up(sandbox):
     finally:
         foreign.remove(force=True)
         foreign_net.remove()
+
+
+def test_a_ranks_containers_see_its_meminfo_and_fabric_fixtures(sandbox):
+    """A container on a real Spark sees the host's /proc/meminfo and sysfs: on a sandbox rank its
+    containers see the rank's GB10 meminfo and fixture tree (sandbox-runc, the rank's runtime)."""
+    image = sandbox.images["vllm"]
+    rc, out, err = sandbox.run("spark2", f"docker run --rm {image} sh -c "
+                               "'head -1 /proc/meminfo; ls /sandbox/sysfs/class/infiniband'")
+    assert rc == 0, err
+    assert out.splitlines()[0].split() == ["MemTotal:", "127600000", "kB"]
+    assert "rocep1s0f0" in out.split() and "roceP2p1s0f1" in out.split()
