@@ -24,3 +24,10 @@ def engine_record(sandbox, name: str, path: str = VLLM_RECORD) -> dict:
     rc, out, err = sandbox.run(name, f"docker exec sparkstack-engine cat {path}")
     assert rc == 0, err
     return json.loads(out)
+
+
+def mgmt_if(sandbox, name: str) -> str:
+    """The rank's interface holding its configured address: a ring's sockets go there."""
+    rc, out, err = sandbox.run(name, f"ip -o -4 addr show to {sandbox.rank(name)['address']}/32")
+    assert rc == 0 and out.split(), err
+    return out.split()[1]

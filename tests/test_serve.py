@@ -6,7 +6,7 @@ import time
 import pytest
 import yaml
 
-from serving import VLLM_RECORD, cli, engine_record
+from serving import VLLM_RECORD, cli, engine_record, mgmt_if
 
 
 
@@ -28,13 +28,6 @@ def started(cfg):
 
 def record(sandbox, name):
     return engine_record(sandbox, name, VLLM_RECORD)
-
-
-def mgmt_if(sandbox, name):
-    """The rank's interface holding its configured address: a ring's sockets go there."""
-    rc, out, err = sandbox.run(name, f"ip -o -4 addr show to {sandbox.rank(name)['address']}/32")
-    assert rc == 0 and out.split(), err
-    return out.split()[1]
 
 
 def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):

@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 import yaml
 
-from serving import TENSORFOLD_RECORD, cli, engine_record
+from serving import TENSORFOLD_RECORD, cli, engine_record, mgmt_if
 
 
 
@@ -61,9 +61,10 @@ def test_each_rank_runs_tensorfold_as_planned(sandbox, tf_cfg, tf_started):
         for key, value in plan["ranks"][r]["env"].items():
             assert rec["env"][key] == value
         assert not {"NODES", "MODEL"} & set(rec["env"])
-        truth = sandbox.truth[name]  # its own pins, from its own sysfs
-        assert rec["env"]["NCCL_SOCKET_IFNAME"] == "=" + truth["netdev"]
-        assert set(truth["hca_twins"]) <= set(rec["env"]["NCCL_IB_HCA"].lstrip("=").split(","))
+        # its own pins, from its own facts: a ring's sockets on its management interface, RDMA
+        # on the addressed HCA of each cabled port
+        assert rec["env"]["NCCL_SOCKET_IFNAME"] == "=" + mgmt_if(sandbox, name)
+        assert rec["env"]["NCCL_IB_HCA"] == "=" + ",".join(sandbox.truth[name]["hcas_in_use"])
 
 
 def test_followers_start_before_rank_0(tf_cfg, tf_started):

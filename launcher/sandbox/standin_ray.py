@@ -19,14 +19,15 @@ Each `ray start` writes a record (SANDBOX_RAY_RECORD, default /var/log/sandbox-v
 {"argv", "env", "role": "head"|"worker", "address"} for tests to assert on.
 Protocol (line-based TCP): `JOIN <ip>` keeps a connection open as one node; `NODES` answers the
 number of live nodes, the head included; `FORM <master_addr> <master_port>` (from the stand-in
-vLLM on the head, once its placement group is ready) hands each joined worker a node rank, in join
-order, and the rendezvous: the worker then opens the connections NCCL and Gloo would open from
+vLLM on the head, once its placement group is ready) hands each joined worker a node rank -- by
+node IP, as vLLM orders its Ray workers after the driver's node -- and the rendezvous: the worker then opens the connections NCCL and Gloo would open from
 its node (standin_dist.form_cluster, with the worker container's environment), and exits 1 with
 the real stack's message when one fails -- as a Ray worker of vLLM would die.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -74,7 +75,7 @@ def record(argv: list[str], role: str, address: str) -> None:
 def head_server(port: int, own_ip: str) -> None:
     """Runs in the daemon: the node list is the set of open JOIN connections, plus the head."""
     nodes: dict[int, str] = {}
-    workers: dict[int, socket.socket] = {}
+    workers: dict[int, tuple[str, socket.socket]] = {}
     lock = threading.Lock()
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -90,8 +91,8 @@ def head_server(port: int, own_ip: str) -> None:
                 return
             if line.startswith("FORM "):
                 _, master, port = line.split()
-                with lock:
-                    members = list(workers.values())
+                with lock:  # vLLM ranks Ray workers driver first, then by node IP
+                    members = [conn for _, conn in sorted(workers.values(), key=lambda w: _ip_key(w[0]))]
                 for rank, member in enumerate(members, start=1):
                     form = {"node_rank": rank, "nnodes": len(members) + 1,
                             "master_addr": master, "master_port": int(port)}
@@ -101,7 +102,7 @@ def head_server(port: int, own_ip: str) -> None:
             if line.startswith("JOIN "):
                 with lock:
                     nodes[id(conn)] = line[5:]
-                    workers[id(conn)] = conn
+                    workers[id(conn)] = (line[5:], conn)
                 conn.sendall(b"OK\n")
                 try:
                     while conn.recv(1):  # until the worker goes away
@@ -115,6 +116,13 @@ def head_server(port: int, own_ip: str) -> None:
     while True:
         conn, _ = srv.accept()
         threading.Thread(target=client, args=(conn,), daemon=True).start()
+
+
+def _ip_key(ip: str) -> tuple:
+    try:
+        return (0, int(ipaddress.ip_address(ip)))
+    except ValueError:
+        return (1, ip)
 
 
 def start_head(port: int, own_ip: str) -> int:
