@@ -99,15 +99,20 @@ def test_not_a_mapping(write_config):
     assert result.exit_code == 2 and "expected a mapping" in result.output
 
 
-def test_profile_with_an_unknown_vllm_flag(write_config, tmp_path):
+def with_profile(write_config, tmp_path, arg: str):
+    """A cluster.yaml whose profile `mine` passes `--tensor-parallel-size 4` and `arg`."""
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     (profiles / "mine.yaml").write_text(
         "description: x\nimage: {prebuilt: x}\nserved_name: x\n"
-        "args: ['--tensor-parallel-size 4', '--enable-prefix-cache']\nkv: {layout: fp8}\n"
+        f"args: ['--tensor-parallel-size 4', '{arg}']\nkv: {{layout: fp8}}\n"
         "defaults: {model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
         "weights_per_rank_gib: 1}\n")
-    result = run_plan(write_config(lambda d: d.update(profile="mine", profiles_dir=str(profiles))))
+    return write_config(lambda d: d.update(profile="mine", profiles_dir=str(profiles)))
+
+
+def test_profile_with_an_unknown_vllm_flag(write_config, tmp_path):
+    result = run_plan(with_profile(write_config, tmp_path, "--enable-prefix-cache"))
     assert result.exit_code == 2
     assert "mine.yaml: args: unrecognized vLLM 0.33 argument --enable-prefix-cache" in result.output
     assert "did you mean --enable-prefix-caching?" in result.output and "plugin_flags" in result.output
@@ -126,14 +131,7 @@ def test_config_from_environment_and_real_console_script(write_config, tmp_path)
 
 
 def test_profile_with_a_value_vllm_refuses(write_config, tmp_path):
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "mine.yaml").write_text(
-        "description: x\nimage: {prebuilt: x}\nserved_name: x\n"
-        "args: ['--tensor-parallel-size 4', '--kv-cache-memory-bytes 14.5G']\nkv: {layout: fp8}\n"
-        "defaults: {model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
-        "weights_per_rank_gib: 1}\n")
-    result = run_plan(write_config(lambda d: d.update(profile="mine", profiles_dir=str(profiles))))
+    result = run_plan(with_profile(write_config, tmp_path, "--kv-cache-memory-bytes 14.5G"))
     assert result.exit_code == 2
     assert ("mine.yaml: args: --kv-cache-memory-bytes: Decimals are not allowed with binary "
             "suffixes like G. Did you mean to use 14.5g instead?") in result.output

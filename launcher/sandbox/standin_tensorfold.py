@@ -119,11 +119,7 @@ def write_record(path: str, argv: list[str], args: argparse.Namespace) -> None:
     record = {"argv": argv, "model": args.model, "mode": "follower" if args.rank else "api",
               "options": options, "env": dict(os.environ), "pid": os.getpid(), "version": VERSION,
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1, default=str)
-    os.replace(tmp, path)
+    standin_vllm.write_json_atomically(path, record)
 
 
 # ---------------------------------------------------------------- what `serve` refuses

@@ -388,10 +388,15 @@ def write_record(path: str, argv: list[str], model: str, options: dict, mode: st
               "env": dict(os.environ), "patches": installed_patches(), "pid": os.getpid(),
               "version": os.environ.get("SANDBOX_VLLM_VERSION", "0.33.0"),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_json_atomically(path, record)
+
+
+def write_json_atomically(path: str, obj) -> None:
+    """A record file a reader never sees half written (tests read it while the engine runs)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(record, f, indent=1, default=str)
+        json.dump(obj, f, indent=1, default=str)
     os.replace(tmp, path)
 
 
