@@ -538,7 +538,7 @@ def write_cluster_yaml(state_dir: Path, net, base_image: str, n: int, cabling: s
 @contextlib.contextmanager
 def _exclusive(progress=print):
     """One `up`/`down` at a time on this machine (the containers and network are global)."""
-    path = Path(tempfile.gettempdir()) / "sparkstack-sandbox.lock"
+    path = Path(tempfile.gettempdir()) / "sparkstack-sandbox-updown.lock"
     with open(path, "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
