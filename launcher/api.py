@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from . import apikey
 from .config import Loaded
 from .errors import SparkstackError
 
@@ -27,16 +28,17 @@ class Endpoint:
 
 
 def endpoint(loaded: Loaded) -> Endpoint:
-    """Rank 0's API as the config and profile say (the head serves it)."""
+    """Rank 0's API as the config and profile say (the head serves it), with the key it checks
+    (launcher/apikey.py: the config's, else the one `up` generated)."""
     cluster, profile = loaded.cluster, loaded.profile
     port = cluster.overrides.api_port or profile.api_port
     return Endpoint(f"http://{cluster.ranks[0].address}:{port}",
-                    cluster.model.served_name or profile.served_name, cluster.overrides.api_key)
+                    cluster.model.served_name or profile.served_name, apikey.resolve(loaded).value)
 
 
 def health(ep: Endpoint, timeout: float = 3.0) -> bool:
     try:
-        return httpx.get(f"{ep.url}/health", timeout=timeout).status_code == 200
+        return httpx.get(f"{ep.url}/health", headers=ep.headers, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -69,7 +71,7 @@ def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, wat
 
 
 def _health_ok(ep: Endpoint) -> tuple[bool, str]:
-    r = httpx.get(f"{ep.url}/health", timeout=5)
+    r = httpx.get(f"{ep.url}/health", headers=ep.headers, timeout=5)
     return r.status_code == 200, f"HTTP {r.status_code}"
 
 

@@ -3,13 +3,14 @@ rank through torch.distributed, in the serving image, with each rank's own NCCL 
 
 Per rank one `docker run --rm` of the serving image (host network and IPC, the GPU, the RDMA
 devices, the serving container's ulimits, as launcher/plan.py's `_docker_run`) runs
-launcher/nccl_allreduce.py from stdin. Its environment is the rank's serving environment from
-the plan (the profile's env, the ring variables, the rank's own NCCL_SOCKET_IFNAME /
-NCCL_IB_HCA / NCCL_IB_GID_INDEX / UCX / Gloo pins from its sysfs, the config's overrides.env;
-never the API key) plus RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. MASTER_ADDR is the address
-vLLM's own rendezvous uses (plan.rendezvous: the config's choice, else rank 0's fabric IP on a
-switch, its management address in a ring). The environment travels as `-e` on the command line
-(stdin carries the script): it holds nothing `sparkstack plan` does not print.
+launcher/nccl_allreduce.py (`python3 -c SCRIPT`). Its environment is the rank's serving
+environment from the plan (the profile's env, the ring variables, the rank's own
+NCCL_SOCKET_IFNAME / NCCL_IB_HCA / NCCL_IB_GID_INDEX / UCX / Gloo pins from its sysfs, the
+config's overrides.env; never the API key) plus RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+MASTER_ADDR is the address vLLM's own rendezvous uses (plan.rendezvous: the config's choice, else
+rank 0's fabric IP on a switch, its management address in a ring). The environment travels on
+stdin as the serving container's does (plan.env_file): overrides.env may hold a token, and a
+command line is visible to every user of the rank (`ps`).
 
 Pure: the command lines (`commands`), reading the script's output (`outcome`) and the judgement
 (`judge`). `measure` runs them on an open remote.Group and `check` is what `sparkstack check
@@ -33,7 +34,6 @@ from pathlib import Path
 
 from . import plan as plan_mod
 from .config import Loaded
-from .errors import SparkstackError
 from .facts import Facts
 
 PASS, WARN, FAIL = "pass", "warn", "fail"  # as launcher/check.py
@@ -69,7 +69,7 @@ SLOW_FIX = ("see the link (200G) and mtu rows; NCCL_DEBUG=INFO in overrides.env 
 
 @dataclass(frozen=True)
 class Job:
-    """One rank's part: the shell command, its stdin (the script) and the container env."""
+    """One rank's part: the shell command, its stdin (the container env) and that env."""
 
     rank: int
     command: str
@@ -80,14 +80,11 @@ class Job:
 
 def rank_envs(loaded: Loaded, facts: dict[int, Facts]) -> tuple[dict[int, dict[str, str]], list[str]]:
     """Each rank's serving environment as the plan builds it (plan.fabric_envs, plan.rank_env),
-    without the secrets; the fabric pins are derived whatever the engine, since NCCL needs them.
+    without the API key; the fabric pins are derived whatever the engine, since NCCL needs them.
     Also the plan's notes on ranks whose fabric env could not be derived."""
     notes: list[str] = []
     fabric_env = plan_mod.fabric_envs(loaded, facts, notes)
-    envs = {}
-    for r in range(len(loaded.cluster.ranks)):
-        env = plan_mod.rank_env(loaded, r, fabric_env.get(r, {}))
-        envs[r] = {k: v for k, v in env.items() if k not in plan_mod.SECRET_ENV}
+    envs = {r: plan_mod.rank_env(loaded, r, fabric_env.get(r, {})) for r in range(len(loaded.cluster.ranks))}
     return envs, notes
 
 
@@ -98,16 +95,14 @@ def job_env(env: dict[str, str], rank: int, world: int, master: str, port: int) 
     return out
 
 
-def docker_argv(loaded: Loaded, image: str, env: dict[str, str], args: dict) -> list[str]:
-    """`docker run --rm -i` of the image with the serving container's host settings, the script
-    on stdin (`python3 -`). `--pull never`: a rank without the image says so, it pulls nothing."""
-    argv = ["docker", "run", "--rm", "-i", "--pull", "never", "--name", CONTAINER,
-            *plan_mod.host_settings(loaded.cluster.container), *plan_mod.nccl_mounts(loaded.cluster)]
-    for key in sorted(env):
-        if "\n" in env[key]:
-            raise SparkstackError(f"check --bandwidth: environment value of {key} has a newline")
-        argv += ["-e", f"{key}={env[key]}"]
-    return argv + ["--entrypoint", "python3", image, "-", json.dumps(args, sort_keys=True)]
+def docker_argv(loaded: Loaded, image: str, args: dict) -> list[str]:
+    """`docker run --rm` of the image with the serving container's host settings, the env on
+    stdin, the script as `python3 -c`. `--pull never`: a rank without the image says so, it pulls
+    nothing."""
+    argv = ["docker", "run", "--rm", "--pull", "never", "--name", CONTAINER,
+            *plan_mod.host_settings(loaded.cluster.container), *plan_mod.nccl_mounts(loaded.cluster),
+            *plan_mod.ENV_FROM_STDIN]
+    return argv + ["--entrypoint", "python3", image, "-c", SCRIPT.read_text(), json.dumps(args, sort_keys=True)]
 
 
 def commands(loaded: Loaded, image: str, envs: dict[int, dict[str, str]], *, master: str | None = None,
@@ -116,12 +111,12 @@ def commands(loaded: Loaded, image: str, envs: dict[int, dict[str, str]], *, mas
     world = len(loaded.cluster.ranks)
     master = master or plan_mod.rendezvous(loaded)
     args = dict(SCRIPT_ARGS, **(args or {}))
-    script = SCRIPT.read_bytes()
+    command = f"docker rm -f {CONTAINER} >/dev/null 2>&1; " + shlex.join(docker_argv(loaded, image, args))
     jobs = {}
     for r in range(world):
         env = job_env(envs.get(r, {}), r, world, master, port)
-        command = f"docker rm -f {CONTAINER} >/dev/null 2>&1; " + shlex.join(docker_argv(loaded, image, env, args))
-        jobs[r] = Job(r, command, script, env, float(args["deadline_s"]) + START_MARGIN_S)
+        jobs[r] = Job(r, command, plan_mod.env_file(env, f"check --bandwidth: rank {r}"), env,
+                      float(args["deadline_s"]) + START_MARGIN_S)
     return jobs
 
 

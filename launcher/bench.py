@@ -584,7 +584,8 @@ class Client:
         if status in (401, 403):
             shown = "no key was sent" if not self.target.api_key else "the key sent was refused"
             return BenchError(f"the server at {url} wants an API key ({status}, {shown}): "
-                              f"pass --api-key or set overrides.api_key")
+                              f"pass --api-key or set overrides.api_key (`sparkstack api-key` prints "
+                              f"the cluster's)")
         return BenchError(f"{url} answered {status} to {what}: {error_text(body)}")
 
     async def served_models(self) -> list[str] | None:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address, ip_interface
 from pathlib import Path
 
-from . import fabric, node_settings, vllm_guard
+from . import apikey, fabric, node_settings, vllm_guard
 from .config import Loaded
 from .errors import SparkstackError
 from .facts import UNLIMITED, Facts
@@ -39,7 +39,7 @@ from .plan import MemoryNeed, Plan, memory_guard, rank_memory
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "ulimits", "link",
-         "roce", "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock")
+         "roce", "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock", "api key")
 OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
@@ -218,9 +218,14 @@ class Inputs:
     local_image_id: str | None = None  # its ID on the build host, when Docker there has it
     targets: dict[int, list[PingTarget]] = field(default_factory=dict)
     extras: dict[int, Extras] = field(default_factory=dict)
+    api_key: apikey.ApiKey | None = None  # None: read from this host (apikey.resolve)
 
     _fabrics: dict = field(default_factory=dict, repr=False)
     _guard: vllm_guard.Guard | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.api_key is None:
+            self.api_key = apikey.resolve(self.loaded)
 
     @property
     def facts(self) -> dict[int, Facts]:
@@ -668,6 +673,19 @@ def _check_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("clock", FAIL, shown, "enable NTP on every rank: sudo timedatectl set-ntp true")
     else:
         rr.add("clock", PASS, shown)
+
+
+def _check_api_key(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """Rank 0 serves the API on the host network: does it ask for a key (launcher/apikey.py)?"""
+    if r != 0:
+        return
+    key = inp.api_key
+    if key.warning:
+        fix = ("remove overrides.open_api to serve with a generated key" if key.source == apikey.OPEN
+               else "keep rank 0's API port on a private network, or put an authenticating proxy before it")
+        rr.add("api key", WARN, key.warning, fix)
+    else:
+        rr.add("api key", PASS, "required: " + key.describe())
 
 
 CHECKS = {name: globals()[f"_check_{name.replace(' ', '_')}"] for name in ORDER[1:]}

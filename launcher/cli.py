@@ -11,6 +11,7 @@ import click
 from . import __version__
 from . import config as config_mod
 from . import plan as plan_mod
+from . import redact
 from .console import err, friendly_errors, out
 from .errors import SparkstackError
 from .profile import load_profile, profile_names
@@ -39,7 +40,8 @@ def main():
 @main.command()
 @config_option
 @json_option
-@click.option("--show-secrets", is_flag=True, help="print the API key instead of ***")
+@click.option("--show-secrets", is_flag=True,
+              help="print the API key and secret-looking env values (*TOKEN*, *KEY*, ...) instead of ***")
 @click.option("--offline", is_flag=True,
               help="do not probe the ranks: plan from the config and the profile alone")
 @friendly_errors
@@ -52,7 +54,9 @@ def plan(config_file, as_json, show_secrets, offline):
     The ranks are probed first (read-only, one command each) for their MemAvailable and their
     own fabric environment; ranks that do not answer within a few seconds are planned offline.
     Inputs that could not be read (the checkpoint, the ranks' memory) fall back on the profile's
-    seed figures and a GB10's memory; they are listed under "assumed".
+    seed figures and a GB10's memory; they are listed under "assumed". The API key and every env
+    value whose name looks secret (or is in overrides.secret_env) show as *** unless
+    --show-secrets; `plan` reads the API key `up` generates but never makes it.
     """
     loaded = config_mod.load(config_mod.config_path(config_file))
     facts, note = ({}, None) if offline else _probe_for_plan(loaded)
@@ -63,15 +67,17 @@ def plan(config_file, as_json, show_secrets, offline):
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    _print_plan(loaded, result, data)
+    _print_plan(loaded, result, data, show_secrets)
 
 
-def _print_plan(loaded, result, data) -> None:
+def _print_plan(loaded, result, data, show_secrets: bool) -> None:
     out.print(f"[bold]profile[/] {loaded.profile.name}: {loaded.profile.description}")
-    out.print(f"[bold]image[/]   {result.image}\n")
+    out.print(f"[bold]image[/]   {result.image}")
+    _print_api_key(result.api, show_secrets)
     for rank in data["ranks"]:
         out.print(f"[bold cyan]rank {rank['rank']}[/] {rank['host']}")
-        out.print("  env     " + " ".join(f"{k}={shlex.quote(v)}" for k, v in rank["env"].items()))
+        out.print("  env     " + " ".join(f"{k}={v if v == redact.MASK else shlex.quote(v)}"
+                                       for k, v in rank["env"].items()))
         out.print("  run     " + shlex.join(rank["docker_run"] + rank["engine"]))
     sizing = result.kv
     if sizing:
@@ -86,6 +92,11 @@ def _print_plan(loaded, result, data) -> None:
         out.print("\n[bold yellow]assumed[/] (not read from the cluster):")
         for line in result.assumed:
             out.print(f"  - {line}")
+
+
+def _print_api_key(key, reveal: bool) -> None:
+    out.print("[bold yellow]api key[/] " if key.warning else "[bold]api key[/] ", end="")
+    out.print(key.describe(reveal) + "\n", markup=False)
 
 
 def _print_guard(guard) -> None:
@@ -149,7 +160,7 @@ def _bench_values(kind: str):
               help="bench this OpenAI-compatible server (http://HOST:PORT) instead of the "
                    "config's rank 0; the config is then read only if -c is given")
 @click.option("--api-key", envvar="SPARKSTACK_API_KEY", metavar="KEY",
-              help="bearer key (default: $SPARKSTACK_API_KEY, else the config's overrides.api_key)")
+              help="bearer key (default: $SPARKSTACK_API_KEY, else the config's: `sparkstack api-key`)")
 @click.option("--model", metavar="NAME",
               help="served model name (default: the config's, else the first the server lists)")
 @click.option("--tasks", metavar="TASKS", default="prose,code,list,essay", show_default=True,
@@ -467,8 +478,20 @@ def up(config_file, trust_new_hosts, restart, wait_timeout):
         report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
     from . import api
 
-    out.print(f"serving {loaded.profile.name} at {api.endpoint(loaded).url} "
+    ep = api.endpoint(loaded)
+    out.print(f"serving {loaded.profile.name} at {ep.url} "
               f"({'started' if report.changed else 'unchanged'}, {report.seconds:.1f} s)")
+    _say_how_to_authenticate(loaded)
+
+
+def _say_how_to_authenticate(loaded) -> None:
+    from . import apikey
+
+    key = apikey.resolve(loaded)
+    if key.warning:
+        err.print(f"[yellow]WARN[/] {key.warning}")
+    else:
+        err.print("clients send `Authorization: Bearer KEY`; `sparkstack api-key` prints KEY", markup=False)
 
 
 @main.command()
@@ -548,6 +571,36 @@ def wait(config_file, wait_timeout):
     out.print(f"{ep.url} serves {ep.model} ({seconds:.1f} s)")
 
 
+@main.command("api-key")
+@config_option
+@json_option
+@friendly_errors
+def api_key(config_file, as_json):
+    """Print the key rank 0's API asks for (generated the first time).
+
+    
+    Clients send it as a bearer token, e.g.
+      curl -H "Authorization: Bearer $(sparkstack api-key)" http://RANK0:PORT/v1/models
+      OPENAI_BASE_URL=http://RANK0:PORT/v1 OPENAI_API_KEY=$(sparkstack api-key) your-client
+    It is cluster.yaml's overrides.api_key when given; else a key generated once (by this or by
+    `up`) and kept, mode 0600, in $XDG_STATE_HOME/sparkstack/api-keys/<rank 0's address>
+    (default ~/.local/state/...). Delete that file and run `up` to change it.
+    An API without a key (overrides.open_api: true, a TensorFold profile) is an error here
+    (exit 2). --json prints {"key", "source", "file", "warning", "url"}, "key" null when none.
+    """
+    from . import api, apikey
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    key = apikey.resolve(loaded, create=True)
+    url = api.endpoint(loaded).url + "/v1"
+    if as_json:
+        click.echo(json.dumps({**key.to_json(reveal=True), "url": url}, indent=2))
+        return
+    if key.value is None:
+        raise apikey.ApiKeyError(f"{loaded.path}: the API at {url} takes no key: {key.warning}")
+    click.echo(key.value)
+
+
 PLAN_PROBE_TIMEOUT_S = 3.0  # `plan` is a look, not a preflight: it never waits long for a rank
 
 
@@ -588,7 +641,8 @@ def check(config_file, as_json, verbose, trust_new_hosts, bandwidth):
     --gpu-memory-utilization, as vLLM checks it), swap, sysctls, ulimits (what a
     container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
     fabric IP), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
-    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s).
+    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s),
+    api key (rank 0 only: the API asks for a key; warn when it takes none).
     Each row is pass / warn / fail with the measured value and, when not pass, the fix.
     --bandwidth adds a bandwidth row: 256 MiB bf16 all-reduces through torch.distributed/NCCL
     with each rank's own NCCL env; busbw (nccl-tests' definition) vs launcher/bandwidth.py's

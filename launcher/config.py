@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
-from . import vllm_flags, vllm_guard
+from . import redact, vllm_flags, vllm_guard
 from .errors import ConfigError, load_yaml_model
 from .profile import PROFILES_DIR, Profile, Strict, load_profile
 
@@ -88,8 +88,30 @@ class Overrides(Strict):
     # how far below vLLM's startup guard the planned --gpu-memory-utilization stays (vllm_guard.py)
     utilization_margin: float = Field(vllm_guard.MARGIN, ge=0, lt=1)
     api_port: int | None = Field(None, ge=1, le=65535)
-    api_key: str | None = None  # passed as VLLM_API_KEY in the container env, masked in output
+    # passed as VLLM_API_KEY in the container env, masked in output; unset: a key generated once
+    # and kept on this host (launcher/apikey.py), unless open_api says to serve without one
+    api_key: str | None = None
+    open_api: bool = False
+    secret_env: list[str] = []  # env names masked in output beyond *TOKEN*, *KEY*, ... (redact.py)
     sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
+
+    @field_validator("api_key")
+    @classmethod
+    def _bearer(cls, v: str | None) -> str | None:
+        if v is not None and (not v or any(c.isspace() for c in v)):
+            raise ValueError("must be one word, no spaces or line breaks (clients send it as "
+                             "`Authorization: Bearer KEY`)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way_to_the_key(self):
+        if self.api_key and self.open_api:
+            raise ValueError("api_key and open_api: true disagree: give one (open_api serves the API "
+                             "with no key at all)")
+        if "VLLM_API_KEY" in self.env:
+            raise ValueError("env.VLLM_API_KEY: put the key in overrides.api_key (passed the same way; "
+                             "sparkstack's own clients read it there)")
+        return self
 
 
 class FabricSettings(Strict):
@@ -193,6 +215,8 @@ def load(path: Path) -> Loaded:
     profile = load_profile(cluster.profile, _profiles_dir(cluster, path), f"{path}: profile")
     flags = _engine_flags(path, cluster, profile)
     _check_parallelism(path, cluster, flags)
+    o = cluster.overrides
+    redact.remember(o.api_key, *redact.secret_values(o.env, o.secret_env))
     return Loaded(path=path, cluster=cluster, profile=profile, flags=flags)
 
 
@@ -217,7 +241,23 @@ def _engine_flags(path: Path, cluster: Cluster, profile: Profile) -> list[vllm_f
         overrides = vllm_flags.parse(vllm_flags.split_lines(cluster.overrides.engine_args), plugin)
     except (vllm_flags.FlagError, ValueError) as e:
         raise ConfigError([f"{path}: overrides.engine_args: {e}"]) from None
+    problems = [f"{where}: {problem}" for where, flags in ((f"{path}: overrides.engine_args", overrides),
+                                                           (f"profile {profile.name}", profile.flags()))
+                for problem in _secret_flags(flags)]
+    if problems:
+        raise ConfigError(problems)
     return vllm_flags.merge(profile.flags(), overrides)
+
+
+# Engine flags that would put a secret on the `docker run` command line, where `ps` on the rank
+# shows it to every local user; the environment (sent on stdin) carries it instead.
+SECRET_FLAGS = {"api_key": "put the key in overrides.api_key",
+                "hf_token": "put the token in overrides.env as HF_TOKEN"}
+
+
+def _secret_flags(flags: list[vllm_flags.Flag]) -> list[str]:
+    return [f"{f.name} with a value would show it on the rank's command line (`ps`): {SECRET_FLAGS[f.key]}"
+            for f in flags if f.key in SECRET_FLAGS and f.values]
 
 
 def _check_tensorfold(path: Path, cluster: Cluster, profile: Profile) -> None:

@@ -1,4 +1,5 @@
-"""Where the CLI writes (results on stdout, progress and errors on stderr) and how it fails."""
+"""Where the CLI writes (results on stdout, progress and errors on stderr) and how it fails:
+errors never show a secret value the run has seen (launcher/redact.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 
 from rich.console import Console
 
+from . import redact
 from .errors import SparkstackError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -23,7 +25,7 @@ def friendly(interrupted: str = "interrupted"):
             try:
                 return fn(*args, **kwargs)
             except SparkstackError as e:
-                for line in e.message.splitlines():
+                for line in redact.scrub(e.message).splitlines():  # a log tail may echo a secret
                     err.print(f"[bold red]error:[/] {line}", markup=True, highlight=False)
                 sys.exit(e.exit_code)
             except KeyboardInterrupt:

@@ -1,8 +1,9 @@
 """`up` and `down`: the whole re-deploy after a boot, and taking it all away again.
 
-up = prepare the nodes → check every rank (any failure stops here, nothing started) → build and
-ship only if a rank lacks the profile's image → start (workers, then the head) → wait until the
-API answers. A cluster already running as planned is left alone (`restart` forces a new start).
+up = the API key (generated the first time, launcher/apikey.py) → prepare the nodes → check
+every rank (any failure stops here, nothing started) → build and ship only if a rank lacks the
+profile's image → start (workers, then the head) → wait until the API answers. A cluster
+already running as planned is left alone (`restart` forces a new start).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import api, build, check, prep, serve, ship
+from . import api, apikey, build, check, prep, serve, ship
 from . import plan as plan_mod
 from .config import Loaded
 from .errors import SparkstackError
@@ -34,6 +35,7 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
     """prep → check (a failed row starts nothing) → images → start → wait (module docstring)."""
     report = UpReport()
     started = time.monotonic()
+    apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
     prep.prepare(loaded, group, say=say).raise_for_failures()
     report.steps.append("prepared the nodes")

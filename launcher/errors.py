@@ -11,6 +11,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from . import redact
+
 
 class SparkstackError(Exception):
     exit_code = 1
@@ -48,7 +50,8 @@ def describe(error: dict) -> str:
         return "unknown key (check the spelling; see env/cluster.example.yaml)"
     if kind == "missing":
         return "required but missing"
-    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    secret = any(isinstance(part, str) and redact.is_secret(part) for part in error.get("loc", ()))
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) and not secret else ""
     return f"{error['msg'].removeprefix('Value error, ')}{shown}"
 
 

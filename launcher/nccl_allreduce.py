@@ -1,16 +1,16 @@
 """`check --bandwidth`'s command per rank: an NCCL all-reduce through torch.distributed.
 
-Sent on stdin and run inside the SERVING image on every rank at once (launcher/bandwidth.py
-builds the `docker run`), as
+Run inside the SERVING image on every rank at once (launcher/bandwidth.py builds the
+`docker run`), as
 
-    python3 - '<args as one JSON object>'
+    python3 -c '<this script>' '<args as one JSON object>'
 
 so it is a self-contained script: the standard library and torch only, no imports from
 `launcher`, and torch is imported only inside `main` (the pure helpers below import without it).
 
 Rendezvous: torch.distributed with backend "nccl" and init_method tcp://MASTER_ADDR:MASTER_PORT;
-RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment (the container's `-e`),
-each overridable by the same key in lower case in the arguments (rank, world, master_addr,
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment (the container's env
+file), each overridable by the same key in lower case in the arguments (rank, world, master_addr,
 master_port). NCCL reads the rest of its configuration (NCCL_SOCKET_IFNAME, NCCL_IB_HCA,
 NCCL_IB_GID_INDEX, ...) from the environment itself: this script sets none of it.
 

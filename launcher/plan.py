@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import engine, fabric, kv, vllm_flags, vllm_guard
+from . import apikey, engine, fabric, kv, redact, vllm_flags, vllm_guard
 from .checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
 from .config import Cluster, ContainerSettings, Loaded
-from .errors import ConfigError, PlanRefused
+from .errors import ConfigError, PlanRefused, SparkstackError
 from .facts import Facts
 
 # A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
@@ -25,7 +25,9 @@ GB10_MEM_AVAILABLE = 122_771_456 * 1024
 
 CONTAINER_NAME = "sparkstack-engine"
 FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
-SECRET_ENV = ("VLLM_API_KEY",)
+# Every container's environment travels on stdin (env_file), never as `-e` on a command line,
+# where `ps` on the rank would show each value to every local user.
+ENV_FROM_STDIN = ["--env-file", "/dev/stdin"]
 
 
 @dataclass(frozen=True)
@@ -72,29 +74,24 @@ class Plan:
     image: str
     assumed: list[str] = field(default_factory=list)
     guard: vllm_guard.Guard | None = None  # vLLM's startup memory guard; None: not vLLM
+    api: apikey.ApiKey | None = None  # the API's key, where it is kept, or why there is none
+    secret_env: tuple[str, ...] = ()  # names masked beyond the secret-looking ones (redact.py)
 
     def to_json(self, reveal_secrets: bool = False) -> dict:
         def env(e: dict[str, str]) -> dict[str, str]:
-            return e if reveal_secrets else {k: ("***" if k in SECRET_ENV else v) for k, v in e.items()}
-
-        def argv(a: list[str]) -> list[str]:
-            return a if reveal_secrets else [_mask(t) for t in a]
+            return e if reveal_secrets else redact.env(e, self.secret_env)
 
         sizing = self.kv
         return {
             "ranks": [{"rank": r.rank, "host": r.host, "env": env(r.env),
-                       "docker_run": argv(r.docker_run), "engine": r.engine} for r in self.ranks],
+                       "docker_run": r.docker_run, "engine": r.engine} for r in self.ranks],
             "kv": {"bytes_per_token": sizing.bytes_per_token if sizing else None,
                    "kv_cache_memory_bytes": sizing.kv_cache_memory_bytes if sizing else None,
                    "max_tokens": sizing.max_tokens if sizing else None},
             "vllm_guard": self.guard.to_json() if self.guard else None,
+            "api": self.api.to_json(reveal_secrets) if self.api else None,
             "assumed": self.assumed,
         }
-
-
-def _mask(token: str) -> str:
-    name, eq, _ = token.partition("=")
-    return f"{name}=***" if eq and name in SECRET_ENV else token
 
 
 def read_model(loaded: Loaded, tp: int, pp: int, assumed: list[str]) -> ModelFacts:
@@ -114,13 +111,16 @@ def read_model(loaded: Loaded, tp: int, pp: int, assumed: list[str]) -> ModelFac
 
 
 def build(loaded: Loaded, model: ModelFacts | None = None,
-          facts: dict[int, Facts] | None = None) -> Plan:
+          facts: dict[int, Facts] | None = None, key: apikey.ApiKey | None = None) -> Plan:
     """The whole plan. `model` and `facts` (rank -> the probe's Facts) come from the cluster
     when it is reachable; without them the plan falls back on documented defaults. Facts supply
     each rank's memory (KV sizing, vLLM's startup guard) and its own fabric environment
-    (launcher.fabric)."""
+    (launcher.fabric). `key`: the API's key, by default as kept on this host (read, never made)."""
     cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
     assumed: list[str] = []
+    key = key or apikey.resolve(loaded)
+    if key.source == apikey.NOT_YET:
+        assumed.append(f"API key: {key.describe()}; not in this plan")
     facts = facts or {}
     memory = rank_memory(loaded, facts, assumed)
     tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
@@ -140,9 +140,9 @@ def build(loaded: Loaded, model: ModelFacts | None = None,
     if guard and guard.source == "plan":  # a profile's or the user's value that stays is as written
         managed.append(vllm_flags.Flag("--gpu-memory-utilization", (str(guard.utilization),)))
     master = rendezvous(loaded, fabric_env)
-    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master)
-             for r in range(len(cluster.ranks))]
-    return Plan(ranks, sizing, image, assumed, guard)
+    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master,
+                        key.value) for r in range(len(cluster.ranks))]
+    return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env))
 
 
 def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
@@ -352,13 +352,14 @@ def _host_ip(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> str:
 
 
 def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag],
-               fabric_env: dict[str, str], master: str) -> RankPlan:
-    env = rank_env(loaded, r, fabric_env)
-    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, env),
+               fabric_env: dict[str, str], master: str, api_key: str | None) -> RankPlan:
+    env = rank_env(loaded, r, fabric_env, api_key)
+    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image),
                     _engine_argv(loaded, r, flags, _host_ip(loaded, r, fabric_env), master))
 
 
-def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, str]:
+def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str], api_key: str | None = None) -> dict[str, str]:
+    """The rank's container environment; VLLM_API_KEY only when `api_key` is given."""
     cluster, profile = loaded.cluster, loaded.profile
     env = dict(profile.env)
     if len(cluster.ranks) > 1 and cluster.ranks[r].fabric_ips:
@@ -372,9 +373,17 @@ def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> dict[str, st
     env.update({k: v for k, v in fabric_env.items() if k != "VLLM_HOST_IP"})
     env.update(nccl_env(cluster))
     env.update(cluster.overrides.env)
-    if cluster.overrides.api_key and profile.engine == "vllm":  # TensorFold reads no key
-        env["VLLM_API_KEY"] = cluster.overrides.api_key
+    if api_key:  # apikey.resolve gives none for TensorFold, which reads no key
+        env["VLLM_API_KEY"] = api_key
     return env
+
+
+def env_file(env: dict[str, str], who: str) -> bytes:
+    """The environment as `docker run --env-file /dev/stdin` reads it (ENV_FROM_STDIN)."""
+    for key, value in env.items():
+        if "\n" in value:
+            raise SparkstackError(f"{who}: environment value of {key} has a newline")
+    return "".join(f"{k}={env[k]}\n" for k in sorted(env)).encode()
 
 
 def nccl_env(cluster: Cluster) -> dict[str, str]:
@@ -403,16 +412,15 @@ def host_settings(c: ContainerSettings) -> list[str]:
     return argv
 
 
-def _docker_run(loaded: Loaded, r: int, image: str, env: dict[str, str]) -> list[str]:
+def _docker_run(loaded: Loaded, r: int, image: str) -> list[str]:
     """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
-    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path."""
+    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path; its environment
+    on stdin (env_file)."""
     model = loaded.cluster.model.path
     argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container)]
     argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
              "--label", f"org.sparkstack.profile={loaded.profile.name}",
-             "--label", f"org.sparkstack.rank={r}"]
-    for key in sorted(env):
-        argv += ["-e", f"{key}={env[key]}"]
+             "--label", f"org.sparkstack.rank={r}", *ENV_FROM_STDIN]
     return argv + [image]
 
 

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import asdict, dataclass
 
 from .errors import SparkstackError
-from .plan import CONTAINER_NAME, Plan, RankPlan
+from .plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from .remote import Connection, Group, Result
 
 PLAN_LABEL = "org.sparkstack.plan"
@@ -65,22 +65,13 @@ def plan_hash(rank: RankPlan) -> str:
 
 
 def run_command(rank: RankPlan) -> tuple[str, bytes]:
-    """The rank's `docker run` command line and its environment, which travels on stdin
-    (`--env-file /dev/stdin`) so no value — the API key included — is ever on a command line."""
-    argv, i = [], 0
-    while i < len(rank.docker_run):
-        if rank.docker_run[i] == "-e":
-            i += 2
-            continue
-        argv.append(rank.docker_run[i])
-        i += 1
+    """The rank's `docker run` command line, labelled with its plan's hash, and its environment,
+    which travels on stdin (`--env-file /dev/stdin`) so no value -- the API key included -- is
+    ever on a command line."""
+    argv = list(rank.docker_run)
     at = argv.index("-d") + 1
-    argv[at:at] = ["--label", f"{PLAN_LABEL}={plan_hash(rank)}", "--env-file", "/dev/stdin"]
-    for key, value in rank.env.items():
-        if "\n" in value:
-            raise SparkstackError(f"rank {rank.rank}: environment value of {key} has a newline")
-    env_file = "".join(f"{k}={v}\n" for k, v in rank.env.items())
-    return shlex.join(argv + rank.engine), env_file.encode()
+    argv[at:at] = ["--label", f"{PLAN_LABEL}={plan_hash(rank)}"]
+    return shlex.join(argv + rank.engine), env_file(rank.env, f"rank {rank.rank}")
 
 
 _INSPECT = ("docker inspect --format '{{json .State}}\t{{index .Config.Labels \"" + PLAN_LABEL

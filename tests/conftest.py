@@ -18,6 +18,20 @@ def example_config() -> dict:
     return yaml.safe_load(EXAMPLE_CONFIG.read_text())
 
 
+@pytest.fixture(autouse=True, scope="session")
+def state_home(tmp_path_factory):
+    """The API keys `up` and `sparkstack api-key` generate go to a state dir of the session's own
+    (launcher/apikey.py), never the developer's ~/.local/state."""
+    path = tmp_path_factory.mktemp("state")
+    before = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("XDG_STATE_HOME")
+    else:
+        os.environ["XDG_STATE_HOME"] = before
+
+
 @pytest.fixture
 def write_config(tmp_path):
     """Write a cluster.yaml built from the example; `edit` changes the parsed dict in place."""

@@ -153,7 +153,8 @@ def ring(tmp_path_factory):
               "fabric_ips": [sfabric.fabric_truth(i)["fabric_ip"]], "sysfs_root": "/sandbox/sysfs"}
              for i in range(4)]
     doc = {"profile": "sandbox", "topology": "ring", "ranks": ranks, "model": {"path": cluster.MODEL_PATH},
-           "overrides": {"api_key": "sk-not-on-a-command-line", "env": {"NCCL_DEBUG": "WARN"}}}
+           "overrides": {"api_key": "sk-not-on-a-command-line",
+                         "env": {"NCCL_DEBUG": "WARN", "HF_TOKEN": "hf-not-on-a-command-line"}}}
     (d / "cluster.yaml").write_text(yaml.safe_dump(doc))
     found = {r: sandbox_rank_facts(d / f"spark{r + 1}", r) for r in range(4)}
     return SimpleNamespace(loaded=config.load(d / "cluster.yaml"), facts=found,
@@ -166,40 +167,45 @@ def argv_of(job: bandwidth.Job) -> list[str]:
     return shlex.split(run)
 
 
-GOLDEN_RANK_2 = [
-    "docker", "run", "--rm", "-i", "--pull", "never", "--name", "sparkstack-bandwidth",
+GOLDEN_ARGV = [
+    "docker", "run", "--rm", "--pull", "never", "--name", "sparkstack-bandwidth",
     "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", "16g",
     "--ulimit", "nofile=1048576:1048576", "--ulimit", "memlock=-1:-1", "--device", "/dev/infiniband",
-    "-e", "GLOO_SOCKET_IFNAME=eth0",
-    "-e", "LOCAL_RANK=0",
-    "-e", "MASTER_ADDR=172.31.240.11",
-    "-e", "MASTER_PORT=29517",
-    "-e", "NCCL_ALGO=Ring",
-    "-e", "NCCL_DEBUG=WARN",
-    "-e", "NCCL_IB_HCA==rocep1s0f0,rocep1s0f1",
-    "-e", "NCCL_IB_MERGE_NICS=0",
-    "-e", "NCCL_IB_SUBNET_AWARE_ROUTING=1",
-    "-e", "NCCL_NET=IB",
-    "-e", "NCCL_NET_PLUGIN=none",
-    "-e", "NCCL_SOCKET_IFNAME==eth0",
-    "-e", "RANK=2",
-    "-e", "UCX_NET_DEVICES=rocep1s0f0:1,rocep1s0f1:1",
-    "-e", "VLLM_HOST_IP=172.31.240.13",
-    "-e", "WORLD_SIZE=4",
-    "--entrypoint", "python3", IMAGE, "-",
+    "--env-file", "/dev/stdin",
+    "--entrypoint", "python3", IMAGE, "-c", bandwidth.SCRIPT.read_text(),
     '{"bytes": 268435456, "deadline_s": 180, "device": "cuda:0", "dtype": "bfloat16", "iters": 20, '
     '"timeout_s": 60, "warmup": 5}',
 ]
+GOLDEN_ENV_RANK_2 = """\
+GLOO_SOCKET_IFNAME=eth0
+HF_TOKEN=hf-not-on-a-command-line
+LOCAL_RANK=0
+MASTER_ADDR=172.31.240.11
+MASTER_PORT=29517
+NCCL_ALGO=Ring
+NCCL_DEBUG=WARN
+NCCL_IB_HCA==rocep1s0f0,rocep1s0f1
+NCCL_IB_MERGE_NICS=0
+NCCL_IB_SUBNET_AWARE_ROUTING=1
+NCCL_NET=IB
+NCCL_NET_PLUGIN=none
+NCCL_SOCKET_IFNAME==eth0
+RANK=2
+UCX_NET_DEVICES=rocep1s0f0:1,rocep1s0f1:1
+VLLM_HOST_IP=172.31.240.13
+WORLD_SIZE=4
+"""
 
 
 def test_command_per_rank_golden(ring):
     envs, notes = bandwidth.rank_envs(ring.loaded, ring.facts)
     assert notes == []
     jobs = bandwidth.commands(ring.loaded, IMAGE, envs)
-    assert argv_of(jobs[2]) == GOLDEN_RANK_2
+    assert argv_of(jobs[2]) == GOLDEN_ARGV
+    assert jobs[2].stdin.decode() == GOLDEN_ENV_RANK_2  # `docker run --env-file /dev/stdin`
     for r, job in jobs.items():
         truth = ring.truth[r]
-        assert job.stdin == bandwidth.SCRIPT.read_bytes()
+        assert job.command == jobs[2].command  # what differs per rank is on stdin
         assert job.timeout == 180 + bandwidth.START_MARGIN_S
         e = job.env
         assert (e["RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"]) == (str(r), "4", "172.31.240.11", "29517")
@@ -208,9 +214,11 @@ def test_command_per_rank_golden(ring):
         assert e["NCCL_IB_HCA"] == "=" + ",".join(port["hcas"][0] for port in truth["ports"])
         assert (e["NCCL_SOCKET_IFNAME"], e["GLOO_SOCKET_IFNAME"]) == ("=eth0", "eth0")
         assert e["VLLM_HOST_IP"] == f"172.31.240.{11 + r}"
-        argv = argv_of(job)
-        assert [argv[i + 1] for i, t in enumerate(argv) if t == "-e"] == [f"{k}={e[k]}" for k in sorted(e)]
-        assert "VLLM_API_KEY" not in e and "sk-not-on-a-command-line" not in job.command
+        # the env on stdin, no value on the command line (`ps` on the rank shows that to all)
+        assert job.stdin.decode() == "".join(f"{k}={e[k]}\n" for k in sorted(e))
+        assert not any(f"{k}={v}" in job.command for k, v in e.items())
+        assert "hf-not-on-a-command-line" not in job.command and "-e" not in argv_of(job)
+        assert "VLLM_API_KEY" not in e and b"sk-not-on-a-command-line" not in job.stdin
     assert {jobs[r].env["NCCL_IB_HCA"] for r in jobs} == {"=rocep1s0f0,rocep1s0f1"}
 
 
@@ -219,8 +227,9 @@ def test_command_mounts_the_host_nccl_the_env_preloads(ring):
     loaded = ring.loaded.model_copy(update={"cluster": ring.loaded.cluster.model_copy(update={
         "nccl": ring.loaded.cluster.nccl.model_copy(update={"host_lib": lib})})})
     envs, _ = bandwidth.rank_envs(loaded, ring.facts)
-    argv = argv_of(bandwidth.commands(loaded, IMAGE, envs)[1])
-    assert argv[argv.index(f"{lib}:{lib}:ro") - 1] == "-v" and f"LD_PRELOAD={lib}" in argv
+    job = bandwidth.commands(loaded, IMAGE, envs)[1]
+    argv = argv_of(job)
+    assert argv[argv.index(f"{lib}:{lib}:ro") - 1] == "-v" and f"LD_PRELOAD={lib}\n".encode() in job.stdin
 
 
 def test_command_env_is_the_plans_serving_env(ring):
@@ -241,8 +250,8 @@ def test_command_without_gpu_or_devices_and_other_sizes(ring):
     job = bandwidth.commands(loaded, IMAGE, envs, master="192.168.177.1", port=29600, args={"bytes": 1 << 30})[0]
     argv = argv_of(job)
     assert "--gpus" not in argv and "--device" not in argv
-    assert "MASTER_ADDR=192.168.177.1" in argv and "MASTER_PORT=29600" in argv
-    assert json.loads(argv[-1])["bytes"] == 1 << 30 and argv[-2:-1] == ["-"]
+    assert b"MASTER_ADDR=192.168.177.1\n" in job.stdin and b"MASTER_PORT=29600\n" in job.stdin
+    assert json.loads(argv[-1])["bytes"] == 1 << 30 and argv[-3] == "-c"
 
 
 # --- reading the output --------------------------------------------------------------------------
@@ -377,7 +386,8 @@ def test_check_bandwidth_on_the_sandbox_is_not_measured_without_torch(sandbox):
     loaded = config.load(sandbox.config)
     report = check.run(loaded, image=sandbox.images["vllm"], bandwidth=True)
     for r in report.ranks:
-        assert [c.name for c in r.checks] == [*check.ORDER, "bandwidth"]
+        rows = [n for n in check.ORDER if n != "api key" or r.rank == 0]  # rank 0 serves the API
+        assert [c.name for c in r.checks] == [*rows, "bandwidth"]
         row = r.checks[-1]
         assert row.status == WARN and row.value.startswith(f"not measured: {sandbox.images['vllm']} has no torch"), row
         assert "sparkstack build && sparkstack ship" in row.fix

@@ -24,7 +24,9 @@ def plan_json(path, *extra):
 
 
 @pytest.mark.parametrize("profile", profile_names())
-def test_plan_matches_golden(write_config, profile):
+def test_plan_matches_golden(write_config, profile, monkeypatch):
+    # a state dir that cannot exist: `plan` reads the generated API key, never makes it
+    monkeypatch.setenv("XDG_STATE_HOME", "/nonexistent/state")
     data = plan_json(write_config(lambda d: d.update(profile=profile)))
     golden = GOLDEN / f"plan-{profile}.json"
     if UPDATE:
@@ -34,7 +36,7 @@ def test_plan_matches_golden(write_config, profile):
 
 def test_plan_json_shape(write_config):
     data = plan_json(write_config())
-    assert set(data) == {"ranks", "kv", "vllm_guard", "assumed"}
+    assert set(data) == {"ranks", "kv", "vllm_guard", "api", "assumed"}
     assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens"}
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert set(data["ranks"][0]) == {"rank", "host", "env", "docker_run", "engine"}
@@ -133,9 +135,11 @@ def test_overrides_replace_profile_flags_in_place(write_config):
 
 def test_api_key_is_masked_unless_asked(write_config):
     path = write_config(lambda d: d["overrides"].update(api_key="s3cret"))
-    masked = json.dumps(plan_json(path))
-    assert "s3cret" not in masked and "VLLM_API_KEY=***" in masked
-    assert "VLLM_API_KEY=s3cret" in json.dumps(plan_json(path, "--show-secrets"))
+    masked = plan_json(path)
+    assert "s3cret" not in json.dumps(masked) and masked["ranks"][0]["env"]["VLLM_API_KEY"] == "***"
+    assert masked["api"] == {"key": "***", "source": "config", "file": None, "warning": None}
+    shown = plan_json(path, "--show-secrets")
+    assert shown["ranks"][0]["env"]["VLLM_API_KEY"] == "s3cret" and shown["api"]["key"] == "s3cret"
 
 
 def test_offline_plan_lists_what_it_assumed(write_config):
@@ -303,7 +307,7 @@ def test_tensorfold_ranks_get_their_own_fabric_env(tmp_path):
     on its second port), through the real probe of the sandbox's fixture trees."""
     import yaml
 
-    from launcher import config, plan
+    from launcher import config, plan, serve
     from launcher.sandbox import cluster, fabric as sfabric
     from local_probe import sandbox_rank_facts
 
@@ -321,7 +325,8 @@ def test_tensorfold_ranks_get_their_own_fabric_env(tmp_path):
         # ports' addressed HCAs, rings only
         assert (rank.env["NCCL_SOCKET_IFNAME"], rank.env["GLOO_SOCKET_IFNAME"]) == ("=eth0", "eth0")
         assert rank.env["NCCL_IB_HCA"] == "=" + ",".join(truth["hcas_in_use"])
-        assert rank.env["NCCL_ALGO"] == "Ring" and "NCCL_SOCKET_IFNAME==eth0" in rank.docker_run
+        assert rank.env["NCCL_ALGO"] == "Ring" and b"NCCL_SOCKET_IFNAME==eth0\n" in serve.run_command(rank)[1]
+        assert "VLLM_API_KEY" not in rank.env  # TensorFold reads no key
         assert rank.engine[rank.engine.index("--master") + 1] == "172.31.240.11"
 
 

@@ -3,6 +3,7 @@
 import json
 import time
 
+import httpx
 import pytest
 import yaml
 
@@ -31,7 +32,7 @@ def record(sandbox, name):
 
 
 def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
-    plan = json.loads(cli("plan", "-c", cfg, "--json").stdout)
+    plan = json.loads(cli("plan", "-c", cfg, "--json", "--show-secrets").stdout)
     head = sandbox.rank("spark1")["address"]
     for r, name in enumerate(sandbox.names):
         rec = record(sandbox, name)
@@ -63,6 +64,20 @@ def test_each_rank_runs_the_planned_engine(sandbox, cfg, started):
         assert set(rec["patches"]) >= {"vllm/v1/attention/backends/mla/sm120_dcp.py",
                                        "vllm/model_executor/layers/quantization/exl3.py",
                                        "vllm/model_executor/layers/sparse_attn_indexer.py"}
+
+
+def test_the_api_asks_for_the_generated_key(sandbox, cfg, started):
+    """No api_key in the sandbox's config: `up` generated one, which the engine got on stdin
+    (never on a command line) and the API asks for; `status` and `wait` send it."""
+    key = cli("api-key", "-c", cfg).stdout.strip()
+    assert len(key) >= 40
+    assert record(sandbox, "spark1")["env"]["VLLM_API_KEY"] == key
+    url = json.loads(cli("api-key", "-c", cfg, "--json").stdout)["url"]
+    assert httpx.get(f"{url}/models", timeout=10).status_code == 401
+    assert httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
+    # every command line on the rank, the engine's included, as `ps` would show them
+    rc, ps, _ = sandbox.run("spark1", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null")
+    assert "serve /models/glm53-sandbox" in ps and key not in ps
 
 
 def test_second_up_changes_nothing(sandbox, cfg, started):
