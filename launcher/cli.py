@@ -389,7 +389,7 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
     --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
     """
     from . import build as build_mod
-    from . import plan as plan_mod
+    from . import relay as relay_mod
     from . import remote
     from . import ship as ship_mod
 
@@ -400,7 +400,7 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
         shipment = ship_mod.make_plan(group, ids)
         if not dry_run:
             ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False),
-                           relay=plan_mod.rendezvous(loaded) if relay else None)
+                           relay=relay_mod.route(loaded) if relay else None)
     rows = [r.to_json() for r in shipment.ranks]
     if as_json:
         click.echo(json.dumps({"ranks": rows}, indent=2))

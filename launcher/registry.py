@@ -24,6 +24,10 @@ from .errors import SparkstackError
 
 REGISTRY_BINARY = "docker-registry"
 STORAGE = Path("~/.cache/sparkstack/registry").expanduser()
+# what a pull may be answered with: an image index (several platforms) or one image's manifest
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
 
 
 class RegistryError(SparkstackError):
@@ -106,6 +110,26 @@ class LocalRegistry:
                     raise RegistryError(f"pushing {ref} to the local registry failed: {line['error']}")
         finally:
             self.docker.api.remove_image(target)  # untag only; the image stays
+
+    def contents(self, ref: str) -> tuple[str, list[str], list[str]]:
+        """A pushed image as a pull asks for it: (repository, [its tag and every manifest
+        digest], [every config and layer digest]), from this registry's own manifests."""
+        repo, tag = _repository_path(ref).rsplit(":", 1)
+        manifests, blobs, todo = {tag}, set(), [tag]
+        while todo:
+            reference = todo.pop()
+            answer = httpx.get(f"http://127.0.0.1:{self.port}/v2/{repo}/manifests/{reference}",
+                               headers={"Accept": MANIFEST_TYPES}, timeout=30)
+            if answer.status_code == 404 and reference != tag:
+                continue  # a platform of an index that was not pushed: nothing to serve
+            if answer.status_code != 200:
+                raise RegistryError(f"the local registry has no manifest for {ref} "
+                                    f"(HTTP {answer.status_code}); re-run `sparkstack ship`")
+            manifests.add(answer.headers["Docker-Content-Digest"])
+            body = answer.json()
+            todo += [m["digest"] for m in body.get("manifests", [])]
+            blobs.update(d["digest"] for d in [body.get("config"), *body.get("layers", [])] if d)
+        return repo, sorted(manifests), sorted(blobs)
 
 
 def _repository_path(ref: str) -> str:
