@@ -86,6 +86,9 @@ def _print_plan(loaded, result, data) -> None:
         out.print("\n[bold yellow]assumed[/] (not read from the cluster):")
         for line in result.assumed:
             out.print(f"  - {line}")
+    for line in result.notes:
+        out.print("\n[bold]note[/]    ", end="")
+        out.print(line, markup=False)
 
 
 def _print_guard(guard) -> None:

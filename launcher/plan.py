@@ -72,6 +72,7 @@ class Plan:
     image: str
     assumed: list[str] = field(default_factory=list)
     guard: vllm_guard.Guard | None = None  # vLLM's startup memory guard; None: not vLLM
+    notes: list[str] = field(default_factory=list)  # what the user should know before `up`
 
     def to_json(self, reveal_secrets: bool = False) -> dict:
         def env(e: dict[str, str]) -> dict[str, str]:
@@ -89,6 +90,7 @@ class Plan:
                    "max_tokens": sizing.max_tokens if sizing else None},
             "vllm_guard": self.guard.to_json() if self.guard else None,
             "assumed": self.assumed,
+            "notes": self.notes,
         }
 
 
@@ -142,7 +144,18 @@ def build(loaded: Loaded, model: ModelFacts | None = None,
     master = rendezvous(loaded, fabric_env)
     ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master)
              for r in range(len(cluster.ranks))]
-    return Plan(ranks, sizing, image, assumed, guard)
+    notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
+                                                      len(cluster.ranks)) == "vllm-ray.j2" else []
+    return Plan(ranks, sizing, image, assumed, guard, notes)
+
+
+def ray_note(master: str) -> str:
+    """What vLLM on Ray leaves open (templates/engine/vllm-ray.j2)."""
+    return (f"Ray head on rank 0, joined at {master}:{engine.RAY_PORT}; no dashboard "
+            "(--include-dashboard=false). Ray's own servers (its GCS on rank 0, raylet, object "
+            "manager and workers on every rank) listen on every interface whatever the flags (Ray has "
+            "no option to bind them) and run code for whoever reaches them: keep the ranks' networks "
+            "private, or firewall those ports to the ranks (see them: ss -ltnp)")
 
 
 def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
