@@ -421,6 +421,22 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
                               "and re-run `sparkstack ship`: only what is missing moves")
 
 
+@main.command("registry-prune")
+@friendly_errors
+def registry_prune():
+    """Empty this host's registry storage (~/.cache/sparkstack/registry).
+
+    \b
+    `ship` keeps every image it pushed there, so an unchanged layer is not pushed twice; the
+    storage grows with every build. Pruning frees it all; the next ship pushes its images again
+    (on this host: the ranks still receive only the layers they lack). Refused while a ship runs.
+    """
+    from . import registry
+
+    freed = registry.prune()
+    out.print(f"registry storage emptied: {freed / 1e9:.2f} GB freed", markup=False)
+
+
 @main.command("ansible-inventory")
 @config_option
 @click.option("--format", "fmt", type=click.Choice(["ini", "yaml"]), default="ini",
