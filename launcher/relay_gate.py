@@ -67,9 +67,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(403, explain="not part of this ship")
             return
         upstream = http.client.HTTPConnection("127.0.0.1", self.server.cache_port, timeout=300)
-        try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-            upstream.request(self.command, self.path, headers=headers)
+        try:  # header by header: Docker sends one Accept line per manifest type
+            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for key, value in self.headers.items():
+                if key.lower() not in HOP_BY_HOP:
+                    upstream.putheader(key, value)
+            upstream.endheaders()
             self._relay(upstream.getresponse())
         finally:
             upstream.close()

@@ -44,9 +44,11 @@ class Upstream(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: list = []
+    accepted: list = []
 
     def do_GET(self):
         self.seen.append(self.path)
+        Upstream.accepted = self.headers.get_all("Accept")
         body = f"served {self.path}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -88,10 +90,10 @@ def gate(tmp_path):
     cache.shutdown()
 
 
-def request(port, method, path, source="127.0.0.1") -> bytes:
+def request(port, method, path, source="127.0.0.1", headers="") -> bytes:
     """One raw HTTP request from `source`; what came back before the gate closed."""
     with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as s:
-        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: rank0\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: rank0\r\n{headers}Connection: close\r\n\r\n".encode())
         answer = b""
         try:
             while chunk := s.recv(65536):
@@ -105,8 +107,13 @@ def test_a_rank_reads_this_ships_images_through_the_gate(gate):
     answer = request(gate["port"], "GET", "/v2/sparkstack/keys/blobs/sha256:l1")
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"served /v2/sparkstack/keys/blobs/sha256:l1")
     assert b"Docker-Content-Digest: sha256:m1" in answer
-    head = request(gate["port"], "HEAD", "/v2/sparkstack/keys/manifests/abc123")
+    # Docker asks for a manifest with one Accept line per type it takes: all of them get through
+    head = request(gate["port"], "HEAD", "/v2/sparkstack/keys/manifests/abc123",
+                   headers="Accept: application/vnd.oci.image.index.v1+json\r\n"
+                           "Accept: application/vnd.docker.distribution.manifest.v2+json\r\n")
     assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")  # headers, no body
+    assert Upstream.accepted == ["application/vnd.oci.image.index.v1+json",
+                                 "application/vnd.docker.distribution.manifest.v2+json"]
     assert Upstream.seen == ["/v2/sparkstack/keys/blobs/sha256:l1", "/v2/sparkstack/keys/manifests/abc123"]
 
 
