@@ -131,10 +131,12 @@ def start(conn: Connection, spec: dict, upstream_port: int) -> Cache:
 
 
 def stop(conn: Connection, cache: Cache) -> None:
-    """Stop the gate and the cache and delete what it stored (best effort: /tmp goes at the
-    next boot)."""
+    """Stop the gate and the cache, wait (5 s at most) until both are gone, and delete what the
+    cache stored (best effort: /tmp goes at the next boot)."""
     pids = " ".join(str(p) for p in cache.pids)
-    conn.run(f"kill {pids} 2>/dev/null; rm -rf {shlex.quote(cache.directory)}", timeout=30)
+    conn.run(f"kill {pids} 2>/dev/null; for i in $(seq 1 50); do alive=; for p in {pids}; do "
+             f"kill -0 $p 2>/dev/null && alive=1; done; [ -n \"$alive\" ] || break; sleep 0.1; done; "
+             f"rm -rf {shlex.quote(cache.directory)}", timeout=30)
 
 
 def pull_invocation(cache: Cache, pull_command: str) -> tuple[str, bytes]:

@@ -267,8 +267,9 @@ def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
 
 
 def relay_left_on(sandbox) -> str:
-    """What of a relay runs or lies on rank 0: its directory, the cache, the gate."""
-    return sandbox.run("spark1", "ls -d /tmp/sparkstack-relay.* 2>/dev/null; pgrep -x docker-registry; "
+    """What of a relay runs or lies on rank 0: its directory, the cache, the gate (the brackets
+    keep this command's own line from matching)."""
+    return sandbox.run("spark1", "ls -d /tmp/sparkstack-rela[y].* 2>/dev/null; pgrep -x docker-registry; "
                                  "pgrep -f '[s]parkstack-relay'; true")[1].strip()
 
 
