@@ -92,6 +92,9 @@ def _print_plan(loaded, result, data, show_secrets: bool) -> None:
         out.print("\n[bold yellow]assumed[/] (not read from the cluster):")
         for line in result.assumed:
             out.print(f"  - {line}")
+    for line in result.notes:
+        out.print("\n[bold]note[/]    ", end="")
+        out.print(line, markup=False)
 
 
 def _print_api_key(key, reveal: bool) -> None:
@@ -400,7 +403,7 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
     --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
     """
     from . import build as build_mod
-    from . import plan as plan_mod
+    from . import relay as relay_mod
     from . import remote
     from . import ship as ship_mod
 
@@ -411,7 +414,7 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
         shipment = ship_mod.make_plan(group, ids)
         if not dry_run:
             ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False),
-                           relay=plan_mod.rendezvous(loaded) if relay else None)
+                           relay=relay_mod.route(loaded) if relay else None)
     rows = [r.to_json() for r in shipment.ranks]
     if as_json:
         click.echo(json.dumps({"ranks": rows}, indent=2))
@@ -427,6 +430,22 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
         raise SparkstackError(f"ship failed on {len(failed)} of {len(rows)} ranks "
                               f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause above "
                               "and re-run `sparkstack ship`: only what is missing moves")
+
+
+@main.command("registry-prune")
+@friendly_errors
+def registry_prune():
+    """Empty this host's registry storage (~/.cache/sparkstack/registry).
+
+    \b
+    `ship` keeps every image it pushed there, so an unchanged layer is not pushed twice; the
+    storage grows with every build. Pruning frees it all; the next ship pushes its images again
+    (on this host: the ranks still receive only the layers they lack). Refused while a ship runs.
+    """
+    from . import registry
+
+    freed = registry.prune()
+    out.print(f"registry storage emptied: {freed / 1e9:.2f} GB freed", markup=False)
 
 
 @main.command("ansible-inventory")

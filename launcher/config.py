@@ -8,7 +8,8 @@ every problem is reported with the file and the field path, unknown keys include
 from __future__ import annotations
 
 import os
-from ipaddress import IPv4Address
+import re
+from ipaddress import IPv4Address, ip_address
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -31,13 +32,58 @@ class SshSettings(Strict):
     dead_after_s: PositiveInt = 30
 
 
+# Addresses and names reach shell command lines, `docker run`, Ansible inventories and SSH
+# options: only what a host name or an address can be is let in, so none of them can carry
+# shell syntax, inventory variables or options.
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")  # RFC 1123
+_RANK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def is_host(value: str) -> bool:
+    """A host name (RFC 1123) or an IP address (without an IPv6 zone, which may hold anything)."""
+    if "%" in value:
+        return False
+    try:
+        ip_address(value)
+        return True
+    except ValueError:
+        return len(value) <= 253 and all(_LABEL.fullmatch(label) for label in value.split("."))
+
+
+def _host(value: str) -> str:
+    if not is_host(value):
+        raise ValueError("expected a host name (letters, digits, '-', dot-separated) or an IP address")
+    return value
+
+
+def _rank_name(value: str) -> str:
+    if not _RANK_NAME.fullmatch(value):
+        raise ValueError("expected a name of letters, digits, '-', '_' and '.' (it becomes the "
+                         "rank's Ansible host name)")
+    return value
+
+
+def _jump(value: str) -> str:
+    user, at, hostport = value.rpartition("@")
+    host, colon, port = hostport.partition(":")
+    if ((at and not _USER.fullmatch(user)) or not is_host(host)
+            or (colon and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535))):
+        raise ValueError("expected host, user@host, host:port or user@host:port, e.g. "
+                         "admin@bastion.lan:22 (a host name or an IPv4 address; a port from 1 to 65535)")
+    return value
+
+
+Host = Annotated[str, AfterValidator(_host)]
+
+
 class Rank(Strict):
-    name: str | None = None
-    address: str = Field(min_length=1)
+    name: Annotated[str, AfterValidator(_rank_name)] | None = None
+    address: Host
     port: int = Field(22, ge=1, le=65535)
     user: str = Field(min_length=1)
     key: UserPath | None = None
-    jump: str | None = None  # "user@host:port" of a bastion
+    jump: Annotated[str, AfterValidator(_jump)] | None = None  # "[user@]host[:port]" of a bastion
     fabric_ips: list[IPv4Address] = []
     sysfs_root: str = "/"  # the sandbox points the probe at fixture sysfs trees
 
@@ -150,7 +196,7 @@ GID_INDEX_ENV = "NCCL_IB_GID_INDEX"
 class Cluster(Strict):
     profile: str
     topology: Literal["switch", "ring"]
-    rendezvous: str | None = None  # address of rank 0 every rank reaches; see plan.rendezvous
+    rendezvous: Host | None = None  # address of rank 0 every rank reaches; see plan.rendezvous
     # how the ranks form one vLLM: its native multi-node (--nnodes ...) or a Ray cluster (head on
     # rank 0, workers join; the image must have `ray`)
     multinode: Literal["native", "ray"] = "native"

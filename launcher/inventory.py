@@ -5,6 +5,12 @@ the launcher does (address, port, user, key, jump host; host keys verified again
 known_hosts, never trusted on first use) and what the rank is (its index, whether it serves the
 NFS export, its fstab line). Group vars carry every node setting from launcher/node_settings.py,
 so the role holds no second copy of them.
+
+Ansible evaluates inventory strings as Jinja templates, and `{{ lookup('pipe', ...) }}` runs a
+command on the control host. So the strings that come from the config are marked `!unsafe`
+(data, never a template) in the YAML form; the INI form cannot mark them, so there a string
+holding a Jinja delimiter is refused. Host names are the ranks' names, which launcher/config.py
+restricts.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ PYTHON = "/usr/bin/python3"  # DGX OS and Debian both have it; naming it skips i
 HEADER = ("# Ansible inventory for ansible/spark.yml, written by `sparkstack ansible-inventory`\n"
           "# from the cluster config. Regenerate it after editing cluster.yaml or\n"
           "# launcher/node_settings.py rather than editing it.\n")
+
+
+JINJA = ("{{", "{%", "{#")
 
 
 class InventoryError(SparkstackError):
@@ -66,6 +75,19 @@ def ssh_args(cluster, rank) -> str:
     return shlex.join(args)
 
 
+class _Unsafe(str):
+    """A string from the config: Ansible must take it as data, never as a template (YAML's
+    `!unsafe`; in INI, refused if it looks like one)."""
+
+
+def _unsafe(value):
+    if isinstance(value, str):
+        return _Unsafe(value)
+    if isinstance(value, dict):  # keys: ours, or sysctl names (node_settings checks them)
+        return {k: _unsafe(v) for k, v in value.items()}
+    return value
+
+
 def host_vars(cluster, index: int) -> dict:
     rank = cluster.ranks[index]
     hv = {"ansible_host": rank.address, "ansible_port": rank.port, "ansible_user": rank.user}
@@ -79,7 +101,7 @@ def host_vars(cluster, index: int) -> dict:
     entry = ns.fstab_entry(cluster, index)
     if entry:
         hv["spark_node_fstab_entry"] = entry
-    return hv
+    return _unsafe(hv)  # every host var comes from the config
 
 
 def group_vars(cluster) -> dict:
@@ -87,14 +109,14 @@ def group_vars(cluster) -> dict:
     return {
         "ansible_python_interpreter": PYTHON,
         "spark_node_sysctl_file": ns.SYSCTL_FILE,
-        "spark_node_sysctls": ns.sysctls(cluster),
+        "spark_node_sysctls": _unsafe(ns.sysctls(cluster)),
         "spark_node_limits_file": ns.LIMITS_FILE,
         "spark_node_limits": ns.limits(),
         "spark_node_docker_daemon_json": ns.DOCKER_DAEMON_JSON,
         "spark_node_docker_default_ulimits": ns.docker_default_ulimits(),
         "spark_node_sudoers_file": ns.SUDOERS_FILE,
         "spark_node_drop_caches_sudo": ns.DROP_CACHES_SUDO,
-        "spark_node_model_path": cluster.model.path,
+        "spark_node_model_path": _unsafe(cluster.model.path),
         "spark_node_earlyoom_defaults_file": ns.EARLYOOM_DEFAULTS_FILE,
         "spark_node_earlyoom_args": ns.EARLYOOM_ARGS,
         "spark_node_header": ns.HEADER,
@@ -129,12 +151,42 @@ class _Dumper(yaml.SafeDumper):
     """Multi-line strings (the files' header) as `|` blocks, which read like the file."""
 
 
-_Dumper.add_representer(str, lambda dumper, s: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+def _represent(tag: str):
+    return lambda dumper, s: dumper.represent_scalar(tag, s, style="|" if "\n" in s else None)
+
+
+_Dumper.add_representer(str, _represent("tag:yaml.org,2002:str"))
+_Dumper.add_representer(_Unsafe, _represent("!unsafe"))
+
+
+def _strings(value):
+    """Every string in a variable's value, dict keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _refuse_templates(where: str, variables: dict) -> None:
+    for name, value in variables.items():
+        for text in _strings(value):
+            if any(mark in text for mark in JINJA):
+                raise InventoryError(f"{where}: {name} = {text!r} holds Jinja syntax ({', '.join(JINJA)}), "
+                                     "which Ansible would evaluate on the control host and an INI "
+                                     "inventory cannot mark as data: remove it from the config, "
+                                     "or use --format yaml (its values are marked !unsafe)")
 
 
 def render_ini(cluster) -> str:
     group = build(cluster)["all"]["children"][GROUP]
+    for name, hv in group["hosts"].items():
+        _refuse_templates(f"host {name}", hv)
+    _refuse_templates(f"group {GROUP}", group["vars"])
     lines = [f"[{GROUP}]"]
     for name, hv in group["hosts"].items():
         lines.append(" ".join([name] + [f"{k}={shlex.quote(_ini_value(v))}" for k, v in hv.items()]))

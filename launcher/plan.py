@@ -76,6 +76,7 @@ class Plan:
     guard: vllm_guard.Guard | None = None  # vLLM's startup memory guard; None: not vLLM
     api: apikey.ApiKey | None = None  # the API's key, where it is kept, or why there is none
     secret_env: tuple[str, ...] = ()  # names masked beyond the secret-looking ones (redact.py)
+    notes: list[str] = field(default_factory=list)  # what the user should know before `up`
 
     def to_json(self, reveal_secrets: bool = False) -> dict:
         def env(e: dict[str, str]) -> dict[str, str]:
@@ -91,6 +92,7 @@ class Plan:
             "vllm_guard": self.guard.to_json() if self.guard else None,
             "api": self.api.to_json(reveal_secrets) if self.api else None,
             "assumed": self.assumed,
+            "notes": self.notes,
         }
 
 
@@ -142,7 +144,18 @@ def build(loaded: Loaded, model: ModelFacts | None = None,
     master = rendezvous(loaded, fabric_env)
     ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master,
                         key.value) for r in range(len(cluster.ranks))]
-    return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env))
+    notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
+                                                      len(cluster.ranks)) == "vllm-ray.j2" else []
+    return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes)
+
+
+def ray_note(master: str) -> str:
+    """What vLLM on Ray leaves open (templates/engine/vllm-ray.j2)."""
+    return (f"Ray head on rank 0, joined at {master}:{engine.RAY_PORT}; no dashboard "
+            "(--include-dashboard=false). Ray's own servers (its GCS on rank 0, raylet, object "
+            "manager and workers on every rank) listen on every interface whatever the flags (Ray has "
+            "no option to bind them) and run code for whoever reaches them: keep the ranks' networks "
+            "private, or firewall those ports to the ranks (see them: ss -ltnp)")
 
 
 def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:

@@ -2,13 +2,15 @@
 
 Debian's `docker-registry` (the CNCF distribution registry) listens on 127.0.0.1 only; ranks reach
 it through an SSH reverse forward on their own 127.0.0.1, which Docker accepts without TLS. Its
-storage persists under ~/.cache/sparkstack/registry, so pushing an unchanged layer again is free.
+storage persists under ~/.cache/sparkstack/registry (mode 0700: it holds every image shipped), so
+pushing an unchanged layer again is free; `sparkstack registry-prune` empties it.
 A registry is the well-kept tool for "send only what is missing": a pull moves only the blobs the
 rank lacks, each verified by digest.
 """
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import socket
 import subprocess
@@ -24,10 +26,40 @@ from .errors import SparkstackError
 
 REGISTRY_BINARY = "docker-registry"
 STORAGE = Path("~/.cache/sparkstack/registry").expanduser()
+# what a pull may be answered with: an image index (several platforms) or one image's manifest
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
 
 
 class RegistryError(SparkstackError):
     pass
+
+
+def _lock(storage: Path, exclusive: bool):
+    """A ship holds the storage's lock shared while its registry runs; prune, exclusively."""
+    storage.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(storage.with_name(storage.name + ".lock"), "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+    except BlockingIOError:
+        lock.close()
+        raise RegistryError(f"a ship is using {storage}: prune once it has ended") from None
+    return lock
+
+
+def prune(storage: Path | None = None) -> int:
+    """Empty the storage (every image pushed for earlier ships); returns the bytes freed. The
+    next ship pushes its images again, on this host only: the ranks still get only what they lack."""
+    storage = storage or STORAGE
+    with _lock(storage, exclusive=True):
+        if storage.is_symlink():
+            raise RegistryError(f"{storage} is a symbolic link: remove it or its target yourself")
+        if not storage.exists():
+            return 0
+        freed = sum(p.lstat().st_size for p in storage.rglob("*") if p.is_file() and not p.is_symlink())
+        shutil.rmtree(storage)
+        return freed
 
 
 def _free_port() -> int:
@@ -45,13 +77,16 @@ class LocalRegistry:
         self.docker = docker_client or docker.from_env()
         self._process: subprocess.Popen | None = None
         self._workdir: tempfile.TemporaryDirectory | None = None
+        self._lock = None
 
     def __enter__(self) -> "LocalRegistry":
         binary = shutil.which(REGISTRY_BINARY)
         if not binary:
             raise RegistryError(f"`{REGISTRY_BINARY}` is not installed on this host; install it "
                                 "(Debian/Ubuntu: apt-get install docker-registry)")
+        self._lock = _lock(self.storage, exclusive=False)
         self.storage.mkdir(parents=True, exist_ok=True)
+        self.storage.chmod(0o700)  # also one an older version created 0755
         self.port = _free_port()
         self._workdir = tempfile.TemporaryDirectory(prefix="sparkstack-registry-")
         config = Path(self._workdir.name) / "config.yml"
@@ -88,6 +123,8 @@ class LocalRegistry:
                 self._process.kill()
         if self._workdir:
             self._workdir.cleanup()
+        if self._lock:
+            self._lock.close()
 
     def name(self, ref: str, port: int | str | None = None) -> str:
         """The image's name in this registry, as seen on a host where it answers on `port`
@@ -106,6 +143,26 @@ class LocalRegistry:
                     raise RegistryError(f"pushing {ref} to the local registry failed: {line['error']}")
         finally:
             self.docker.api.remove_image(target)  # untag only; the image stays
+
+    def contents(self, ref: str) -> tuple[str, list[str], list[str]]:
+        """A pushed image as a pull asks for it: (repository, [its tag and every manifest
+        digest], [every config and layer digest]), from this registry's own manifests."""
+        repo, tag = _repository_path(ref).rsplit(":", 1)
+        manifests, blobs, todo = {tag}, set(), [tag]
+        while todo:
+            reference = todo.pop()
+            answer = httpx.get(f"http://127.0.0.1:{self.port}/v2/{repo}/manifests/{reference}",
+                               headers={"Accept": MANIFEST_TYPES}, timeout=30)
+            if answer.status_code == 404 and reference != tag:
+                continue  # a platform of an index that was not pushed: nothing to serve
+            if answer.status_code != 200:
+                raise RegistryError(f"the local registry has no manifest for {ref} "
+                                    f"(HTTP {answer.status_code}); re-run `sparkstack ship`")
+            manifests.add(answer.headers["Docker-Content-Digest"])
+            body = answer.json()
+            todo += [m["digest"] for m in body.get("manifests", [])]
+            blobs.update(d["digest"] for d in [body.get("config"), *body.get("layers", [])] if d)
+        return repo, sorted(manifests), sorted(blobs)
 
 
 def _repository_path(ref: str) -> str:

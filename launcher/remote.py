@@ -107,17 +107,22 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 
 class _RecordUnknownKey(paramiko.MissingHostKeyPolicy):
-    """Refuse unknown host keys, keeping the key so the error can show its fingerprint."""
+    """Refuse unknown host keys, keeping the key so the error can show its fingerprint; with
+    trust_new, record it and say so, fingerprint and all, so the user can still check it."""
 
-    def __init__(self, trust_new: bool, known_hosts: Path):
+    def __init__(self, trust_new: bool, known_hosts: Path, target: Target, say: Callable[[str], None]):
         self.trust_new = trust_new
         self.known_hosts = known_hosts
+        self.target, self.say = target, say
         self.key: paramiko.PKey | None = None
 
     def missing_host_key(self, client, hostname, key):
         self.key = key
         if not self.trust_new:
             raise _UnknownHostKey(hostname, key)
+        t = self.target
+        self.say(f"trusting new host key for {t.label} ({t.address}:{t.port}): {fingerprint(key)}, "
+                 f"recorded in {self.known_hosts}")
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         with open(self.known_hosts, "a") as f:  # append only this host: never rewrite the file
@@ -204,7 +209,7 @@ class Connection:
         client = paramiko.SSHClient()
         if self.known_hosts.exists():
             client.load_host_keys(str(self.known_hosts))
-        client.set_missing_host_key_policy(_RecordUnknownKey(self.trust_new, self.known_hosts))
+        client.set_missing_host_key_policy(_RecordUnknownKey(self.trust_new, self.known_hosts, t, self.say))
         pkey = _load_key(t.key) if t.key else None
         client.connect(t.address, port=t.port, username=t.user, pkey=pkey,
                        timeout=self.timeout, banner_timeout=self.timeout, auth_timeout=self.timeout,

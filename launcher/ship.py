@@ -20,6 +20,7 @@ from .remote import Connection, Group
 
 if TYPE_CHECKING:  # imported where used: docker-py and httpx cost a no-op ship ~0.5 s
     from .registry import LocalRegistry
+    from .relay import Route
 
 PULL_TIMEOUT_S = 3600
 
@@ -121,10 +122,10 @@ def _docker_hint(why: str, name: str) -> str:
     return why if why.startswith(name) else f"{name}: {why}"
 
 
-def apply(plan: ShipPlan, group: Group, say=print, relay: str | None = None) -> ShipPlan:
+def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None) -> ShipPlan:
     """Move what the plan says; every rank independently, results kept per rank. With `relay`
-    (rank 0's address the other ranks reach), every rank pulls from a cache on rank 0 and this
-    host's uplink carries each blob once (launcher/relay.py)."""
+    (rank 0's address the other ranks reach, and theirs), every rank pulls from a cache on rank 0
+    and this host's uplink carries each blob once (launcher/relay.py)."""
     if not plan.needed:
         return plan
     from .registry import LocalRegistry
@@ -153,10 +154,11 @@ def apply(plan: ShipPlan, group: Group, say=print, relay: str | None = None) -> 
     return plan
 
 
-def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", address: str,
+def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", route: "Route",
                    todo: list[RankShip], ship_one, say) -> None:
-    """Rank 0's cache up (its upstream: this host's registry through rank 0's forward), every
-    rank that lacks something pulls from it, the cache down. The uplink's bytes are rank 0's."""
+    """Rank 0's cache up (its upstream: this host's registry through rank 0's forward, its gate
+    open to the ranks for this ship's images only), every rank that lacks something pulls from
+    it, the cache down. The uplink's bytes are rank 0's."""
     from . import relay
 
     head, head_ship = by_rank.get(0), next((r for r in plan.ranks if r.rank == 0), None)
@@ -165,6 +167,7 @@ def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", add
         for r in todo:
             r.status, r.error = "failed", f"rank {r.rank}: the relay needs rank 0 ({why}); ship without --relay"
         return
+    spec = relay.gate_spec(route, [registry.contents(ref) for ref in plan.needed])
     try:
         upstream, counter = head.reverse_forward(registry.port)
     except Exception as e:  # rank 0 went away between plan and apply
@@ -172,8 +175,9 @@ def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", add
             r.status, r.error = "failed", f"{head.target.name}: cannot open the registry forward for the relay ({e})"
         return
     try:
-        cache = relay.start(head, address, upstream)
-        say(f"relay: rank 0's cache at {address}:{cache.port} pulls each blob from here once")
+        cache = relay.start(head, spec, upstream)
+        say(f"relay: rank 0's cache at {route.address}:{cache.port} pulls each blob from here once; "
+            "only the ranks may read it, and only this ship's images")
         try:
             # One rank first (rank 0 when it lacks the image): the cache fetches a blob once per
             # request in flight, so concurrent first pulls would each cross the uplink

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import docker  # noqa: E402
 
-from launcher import config, registry, remote, ship  # noqa: E402
+from launcher import config, registry, relay, remote, ship  # noqa: E402
 from launcher.sandbox import cluster  # noqa: E402
 
 RUN = uuid.uuid4().hex[:8]
@@ -315,7 +315,7 @@ def main() -> None:
         print(f"\n(d) --relay: {v3} (its layer {layer / MB:.2f} MB) through a cache on rank 0")
         started = time.monotonic()
         plan = ship.make_plan(group, ship.local_image_ids([v3], client))
-        ship.apply(plan, group, say=lambda line: None, relay=loaded.cluster.ranks[0].address)
+        ship.apply(plan, group, say=lambda line: None, relay=relay.route(loaded))
         wall = time.monotonic() - started
         show_ranks(plan, layer)
         uplink = sum(r.bytes for r in plan.ranks)

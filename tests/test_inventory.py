@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "inventory"
 UPDATE = os.environ.get("SPARKSTACK_UPDATE_GOLDEN") == "1"
 ANSIBLE_INVENTORY = Path(sys.executable).with_name("ansible-inventory")
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
 
 def _nfs_and_jump(data: dict) -> None:
@@ -74,7 +75,53 @@ def test_ansible_reads_back_what_was_meant(load_example, tmp_path, fmt):
     group = inventory.build(cluster)["all"]["children"]["spark"]
     assert listed["spark"]["hosts"] == list(group["hosts"])
     for name, hv in group["hosts"].items():
-        assert listed["_meta"]["hostvars"][name] == {**group["vars"], **hv}, name
+        marked = []
+        assert _unwrap(listed["_meta"]["hostvars"][name], marked) == {**group["vars"], **hv}, name
+        if fmt == "yaml":  # what comes from the config is data, never a template
+            config_strings = [v for v in hv.values() if isinstance(v, str)] + [group["vars"]["spark_node_model_path"]]
+            assert set(config_strings) <= set(marked), name
+
+
+def _unwrap(value, marked: list):
+    """`ansible-inventory --list` shows a string marked !unsafe as {"__ansible_unsafe": s}: s,
+    noted in `marked`."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            marked.append(value["__ansible_unsafe"])
+            return value["__ansible_unsafe"]
+        return {k: _unwrap(v, marked) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap(v, marked) for v in value]
+    return value
+
+
+TEMPLATE = "{{ lookup('pipe', 'id -u') }}"
+
+
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-core is not installed")
+def test_config_strings_are_never_templates(load_example, tmp_path):
+    """A Jinja expression in the config (here in model.path) would run on the control host when
+    Ansible reads the variable: the YAML inventory hands it over as data, the INI one refuses it."""
+    cluster = load_example(edit=lambda data: data["model"].update(path=f"/models/{TEMPLATE}"))
+    path = tmp_path / "inventory.yml"
+    path.write_text(inventory.render(cluster, "yaml"))
+    play = tmp_path / "show.yml"
+    play.write_text("- hosts: spark1\n  connection: local\n  gather_facts: false\n"
+                    "  tasks: [{debug: {var: spark_node_model_path}}]\n")
+    shown = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(path), str(play)],
+                           capture_output=True, text=True, check=True).stdout
+    assert f'"spark_node_model_path": "/models/{TEMPLATE}"' in shown
+    with pytest.raises(inventory.InventoryError, match=r"group spark: spark_node_model_path = .* holds "
+                                                       r"Jinja syntax .* use --format yaml"):
+        inventory.render(cluster, "ini")
+
+
+def test_a_name_that_carries_inventory_variables_is_refused(write_config):
+    path = write_config(lambda data: data["ranks"][0].update(name="spark1 ansible_connection=local"))
+    result = CliRunner().invoke(cli.main, ["ansible-inventory", "-c", str(path)])
+    assert result.exit_code == 2
+    assert "ranks[0].name: expected a name of letters, digits, '-', '_' and '.'" in result.output
+    assert "ansible_connection=local" in result.output and "Traceback" not in result.output
 
 
 def test_host_vars_reach_ranks_like_the_launcher(load_example):

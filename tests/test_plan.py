@@ -36,7 +36,7 @@ def test_plan_matches_golden(write_config, profile, monkeypatch):
 
 def test_plan_json_shape(write_config):
     data = plan_json(write_config())
-    assert set(data) == {"ranks", "kv", "vllm_guard", "api", "assumed"}
+    assert set(data) == {"ranks", "kv", "vllm_guard", "api", "assumed", "notes"}
     assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens"}
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert set(data["ranks"][0]) == {"rank", "host", "env", "docker_run", "engine"}
@@ -104,7 +104,9 @@ def test_ray_head_then_workers(write_config):
     head = data["ranks"][0]["engine"]
     assert head[:2] == ["sh", "-c"] and len(head) == 3
     line = shlex.split(head[2])
-    assert line[:5] == ["ray", "start", "--head", "--port=6379", "--node-ip-address=10.0.0.11"]
+    # the head advertises the address the workers join, and runs no dashboard
+    assert line[:6] == ["ray", "start", "--head", "--port=6379", "--node-ip-address=10.0.0.11",
+                        "--include-dashboard=false"]
     served = line[line.index("&&") + 1:]
     assert served[:4] == ["exec", "vllm", "serve", "/models/keys-GLM-5.3-EXL3"]
     assert served[served.index("--distributed-executor-backend") + 1] == "ray"
@@ -113,6 +115,13 @@ def test_ray_head_then_workers(write_config):
     for r in (1, 2, 3):
         assert data["ranks"][r]["engine"] == ["ray", "start", "--block", "--address=10.0.0.11:6379",
                                               f"--node-ip-address=10.0.0.1{r + 1}"]
+    # and the plan says what Ray leaves open, which no flag closes
+    assert len(data["notes"]) == 1 and data["notes"][0].startswith("Ray head on rank 0, joined at 10.0.0.11:6379")
+    assert "listen on every interface" in data["notes"][0] and "firewall those ports" in data["notes"][0]
+    text = CliRunner().invoke(main, ["plan", "-c", str(write_config(lambda d: d.update(multinode="ray"))),
+                                     "--offline"]).output
+    assert "note    Ray head on rank 0, joined at 10.0.0.11:6379" in text
+    assert plan_json(write_config())["notes"] == []  # native multi-node: no Ray
 
 
 def test_switch_uses_fabric_ips_and_no_ring_settings(write_config):

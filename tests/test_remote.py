@@ -66,9 +66,14 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(targets, tmp_path, san
     key = next(iter(real.values()))
     assert "host key not in" in e.value.message and remote.fingerprint(key) in e.value.message
     assert "--trust-new-hosts" in e.value.message
-    # trusting is explicit: then the key is appended and the next connection verifies it
-    remote.Connection(targets[0], empty, trust_new=True).open().close()
+    # trusting is explicit: then the key is appended, its fingerprint said, and the next
+    # connection verifies it
+    said = []
+    remote.Connection(targets[0], empty, trust_new=True, say=said.append).open().close()
     assert targets[0].address in empty.read_text()
+    t = targets[0]
+    assert said == [f"trusting new host key for {t.label} ({t.address}:{t.port}): "
+                    f"{remote.fingerprint(key)}, recorded in {empty}"]
     remote.Connection(targets[0], empty).open().close()
 
 

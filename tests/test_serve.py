@@ -188,6 +188,7 @@ def test_ray_mode_head_then_workers(sandbox, cfg, started, tmp_path):
             rc, out, _ = sandbox.run(name, "docker exec sparkstack-engine cat /var/log/sandbox-vllm/ray.json")
             ray = json.loads(out)
             assert ray["role"] == ("head" if r == 0 else "worker")
+            assert ("--include-dashboard=false" in ray["argv"]) == (r == 0)  # the head runs none
             assert ray["address"] == f"{head}:6379"  # the head's own, and where each worker joins
             assert ray["env"]["NCCL_SOCKET_IFNAME"] == "=" + mgmt_if(sandbox, name)
         # the same config again: nothing changes

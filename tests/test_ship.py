@@ -2,6 +2,8 @@
 
 import io
 import json
+import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -11,7 +13,7 @@ import docker
 import pytest
 from click.testing import CliRunner
 
-from launcher import ship
+from launcher import config, relay, ship
 from launcher.cli import main
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -168,7 +170,6 @@ def big(sandbox, client, images):
 
 
 def group_of(sandbox, dead_after: float = 30):
-    from launcher import config
     from launcher.remote import Group
 
     return Group.for_cluster(config.load(sandbox.config).cluster, attempts=1, dead_after=dead_after,
@@ -247,7 +248,7 @@ def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
             assert all(r.status != "failed" for r in ship_refs(group, client, [base]).ranks)
             plan = ship.make_plan(group, ship.local_image_ids([ref], client))
             lines = []
-            ship.apply(plan, group, say=lines.append, relay=sandbox.rank("spark1")["address"])
+            ship.apply(plan, group, say=lines.append, relay=relay.route(config.load(sandbox.config)))
         assert [r.status for r in plan.ranks] == ["shipped"] * 4, [r.error for r in plan.ranks]
         uplink = plan.ranks[0].bytes
         # twice, whatever the rank count: distribution's proxy fetches a blob once to stream it to
@@ -258,12 +259,64 @@ def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
         want = client.images.get(ref).id
         assert all(rank_image_id(sandbox, n, ref) == want for n in sandbox.names)
         # the cache is gone with its storage
-        rc, out, _ = sandbox.run("spark1", "ls -d /tmp/sparkstack-relay.* 2>/dev/null; pgrep -x docker-registry")
-        assert out.strip() == ""
+        assert relay_left_on(sandbox) == ""
     finally:
         client.images.remove(ref, force=True)
         for name in sandbox.names:
             sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
+
+
+def relay_left_on(sandbox) -> str:
+    """What of a relay runs or lies on rank 0: its directory, the cache, the gate (the brackets
+    keep this command's own line from matching)."""
+    return sandbox.run("spark1", "ls -d /tmp/sparkstack-rela[y].* 2>/dev/null; pgrep -x docker-registry; "
+                                 "pgrep -f '[s]parkstack-relay'; true")[1].strip()
+
+
+STATUS_ON_RANK = """
+import sys, urllib.error, urllib.request
+for url in sys.argv[1:]:
+    accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+    try:
+        print(urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": accept}), timeout=10).status)
+    except urllib.error.HTTPError as e:
+        print(e.code)
+"""
+
+
+def test_relay_gate_serves_only_this_ships_images_and_only_to_the_ranks(sandbox, client, images):
+    """The cache on rank 0 behind its gate, shipping `base` only: a rank reads base's manifest
+    and blobs; not `top`'s layer (this host's registry holds it), nor the catalog; this host,
+    which is not a rank, is cut off at once. Stopped, nothing is left."""
+    from launcher.registry import LocalRegistry
+
+    base, top = images
+    route = relay.route(config.load(sandbox.config))
+    with LocalRegistry() as registry, group_of(sandbox) as group:
+        for ref in (base, top):
+            registry.push(ref)
+        repo, manifests, blobs = registry.contents(base)
+        top_layer = sorted(set(registry.contents(top)[2]) - set(blobs))[0]
+        head = group.connections[0]
+        upstream, _ = head.reverse_forward(registry.port)
+        cache = relay.start(head, relay.gate_spec(route, [(repo, manifests, blobs)]), upstream)
+        try:
+            url = f"http://{cache.address}:{cache.port}/v2/"
+            wanted = [url, f"{url}{repo}/manifests/{manifests[0]}", f"{url}{repo}/blobs/{blobs[0]}",
+                      f"{url}{repo}/blobs/{top_layer}", f"{url}_catalog"]
+            rc, out, err = sandbox.run("spark3", shlex.join(["python3", "-c", STATUS_ON_RANK, *wanted]))
+            assert rc == 0, err
+            assert out.split() == ["200", "200", "200", "403", "403"]
+            with socket.create_connection((cache.address, cache.port), timeout=10) as s:
+                s.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\n\r\n")
+                try:
+                    assert s.recv(1024) == b""  # closed before a word
+                except ConnectionResetError:
+                    pass
+        finally:
+            relay.stop(head, cache)
+            head.cancel_forward(upstream)
+    assert relay_left_on(sandbox) == ""
 
 
 def test_relay_without_a_registry_on_rank_0_says_so(sandbox, client, images):
