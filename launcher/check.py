@@ -696,8 +696,7 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
 
     with ThreadPoolExecutor(max_workers=1) as local:
         here = local.submit(_local_inputs, loaded, image)
-        with ThreadPoolExecutor(max_workers=max(1, len(group.connections))) as pool:
-            answers = list(pool.map(rank, group.connections))
+        answers = group.map(rank)
         inp = here.result()
     inp.gathered = {g.rank: g for g, _, _ in answers}
     facts = inp.facts
