@@ -117,6 +117,15 @@ def stop(group: Group) -> list[Result]:
     return [r for r in results if not r.ok]
 
 
+def stop_and_say(group: Group) -> str:
+    """Stop every rank's container and say so only as far as every rank confirmed it."""
+    failed = stop(group)
+    if not failed:
+        return "every rank's container was stopped"
+    return ("the container could not be stopped on " + "; ".join(f"{r.target.name} ({r.why()})" for r in failed)
+            + ": run `sparkstack down` once it answers")
+
+
 def engine_version(conn: Connection, image: str) -> tuple[int, ...] | None:
     """The vLLM version inside the image (`vllm --version`), or None if it cannot tell."""
     r = conn.run(f"docker run --rm --network none {shlex.quote(image)} vllm --version", timeout=300)
@@ -196,6 +205,4 @@ def diagnose(group: Group, state: RankState) -> str:
 
 
 def _abort(group: Group, problems: list[str]) -> None:
-    stop(group)
-    raise StartFailed("the cluster did not start; every rank's container was stopped.\n"
-                      + "\n".join(problems))
+    raise StartFailed(f"the cluster did not start; {stop_and_say(group)}.\n" + "\n".join(problems))
