@@ -527,15 +527,15 @@ class Group:
 
         threads = [threading.Thread(target=work, args=(i, c), daemon=True, name=c.target.name)
                    for i, c in enumerate(self.connections)]
-        for t in threads:
-            t.start()
         try:
+            for t in threads:
+                t.start()
             for t in threads:
                 t.join()
         except BaseException:
             cancel.set()
             deadline = time.monotonic() + CANCEL_WAIT_S
-            for t in threads:
+            for t in (t for t in threads if t.ident is not None):  # those started
                 t.join(max(0.0, deadline - time.monotonic()))
             raise
         for ok, value in outcomes:
