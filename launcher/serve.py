@@ -111,9 +111,13 @@ def is_current(current: list[RankState], plan: Plan) -> bool:
 
 
 def stop(group: Group) -> list[Result]:
-    """Remove the serving container on every rank; nothing there is fine."""
+    """Remove the serving container on every rank; nothing there is fine. A rank counts as
+    stopped only when its Docker answers that no such container is left (a missing CLI or a
+    daemon that does not answer is a failure, not an absence)."""
     results = group.run(f"docker rm -f {CONTAINER_NAME} >/dev/null 2>&1; "
-                        f"! docker inspect {CONTAINER_NAME} >/dev/null 2>&1", timeout=60).results
+                        f"left=$(docker ps -aq --filter name=^{CONTAINER_NAME}$) || exit; "
+                        f"[ -z \"$left\" ] || {{ echo '{CONTAINER_NAME} is still there' >&2; exit 1; }}",
+                        timeout=60).results
     return [r for r in results if not r.ok]
 
 

@@ -52,3 +52,21 @@ def test_interrupted_up_stops_what_it_started(sandbox, slow_cfg, signum):
     assert "interrupted; every rank's container was stopped" in output, output
     assert "Traceback" not in output
     assert [name for name in sandbox.names if engine_running(sandbox, name)] == []
+
+
+def test_stopped_is_said_only_when_every_rank_confirms_it(sandbox, group):
+    """A rank whose Docker does not answer (its CLI gone here) is not counted as stopped."""
+    from launcher import serve
+
+    hide = "sudo mv /usr/bin/docker /usr/bin/docker.hidden"
+    assert sandbox.run("spark3", hide, user="spark")[0] == 0
+    try:
+        failed = serve.stop(group)
+        assert [r.target.rank for r in failed] == [2], [r.why() for r in failed]
+        said = serve.stop_and_say(group)
+    finally:
+        sandbox.run("spark3", "sudo mv /usr/bin/docker.hidden /usr/bin/docker", user="spark")
+    assert "docker: not found" in failed[0].why()
+    assert said.startswith("the container could not be stopped on rank 2 (spark3) (exited 127: ")
+    assert said.endswith("run `sparkstack down` once it answers")
+    assert serve.stop_and_say(group) == "every rank's container was stopped"
