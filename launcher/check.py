@@ -36,6 +36,7 @@ from .facts import UNLIMITED, Facts
 from .gather import RankFacts
 from .kv import GIB, gib
 from .plan import MemoryNeed, Plan, memory_guard, rank_memory
+from .probe import NOT_ANSWERING
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "ulimits", "link",
@@ -630,6 +631,9 @@ def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     c = f.checkpoint
     if c is None or not c.shards:
         why = next((p for p in f.problems if p.startswith("checkpoint")), f"no *.safetensors in {path}")
+        if NOT_ANSWERING in why:
+            rr.add("checkpoint", FAIL, f"NFS server not answering: {why}", _nfs_fix(inp.loaded, f))
+            return
         rr.add("checkpoint", FAIL, why, f"mount the checkpoint at {path} on every rank (sparkstack prep)")
         return
     prints = Counter(x.checkpoint.fingerprint for x in inp.facts.values() if x.checkpoint and x.checkpoint.shards)
@@ -641,6 +645,18 @@ def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
                "every rank must see the same files: mount the one NFS export (a partial copy differs)")
     else:
         rr.add("checkpoint", PASS, shown + (", same on all ranks" if len(prints) == 1 else ""))
+
+
+def _nfs_fix(loaded: Loaded, f: Facts) -> str:
+    """Reading the model dir hung: the server to look at, and the mount that bounds the hang."""
+    path, nfs = loaded.cluster.model.path, loaded.cluster.model.nfs
+    server = (f"{nfs.server}:{nfs.export}" if nfs else
+              f.model_mount.source if f.model_mount else f"the server behind {path}")
+    wanted = ", ".join(node_settings.NFS_HANG_OPTIONS.split(","))
+    return (f"check the NFS server {server} (is it up, its NFS service running, the export in "
+            f"`showmount -e`?); on this rank `findmnt -o OPTIONS {path}` should include {wanted}: a "
+            f"hard mount hangs every reader until the server is back (remount: `umount -l {path}`, "
+            "then `sparkstack prep`)")
 
 
 def _check_disk(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -714,8 +730,7 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
 
     with ThreadPoolExecutor(max_workers=1) as local:
         here = local.submit(_local_inputs, loaded, image)
-        with ThreadPoolExecutor(max_workers=max(1, len(group.connections))) as pool:
-            answers = list(pool.map(rank, group.connections))
+        answers = group.map(rank)
         inp = here.result()
     inp.gathered = {g.rank: g for g, _, _ in answers}
     facts = inp.facts

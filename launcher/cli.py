@@ -488,6 +488,8 @@ def up(config_file, trust_new_hosts, restart, wait_timeout):
     A failed check starts nothing. If any rank fails to start, every rank is stopped and each
     failed rank is shown with its exit code and last log lines. A cluster already running as
     planned is left alone: `up` then changes nothing (use --restart to force).
+    Ctrl+C, SIGTERM or SIGHUP: the containers this run started are stopped (exit 130); a
+    second one exits without waiting for that.
     """
     from . import deploy
 

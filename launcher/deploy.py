@@ -4,6 +4,9 @@ up = the API key (generated the first time, launcher/apikey.py) → prepare the 
 every rank (any failure stops here, nothing started) → build and ship only if a rank lacks the
 profile's image → start (workers, then the head) → wait until the API answers. A cluster
 already running as planned is left alone (`restart` forces a new start).
+Interrupted (Ctrl+C, SIGTERM, SIGHUP): what is in flight is cancelled, the containers this run
+started are stopped, and the message says whether every rank confirmed it; a second interrupt
+exits without waiting for that stop.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from . import api, apikey, build, check, prep, serve, ship
 from . import plan as plan_mod
 from .config import Loaded
-from .errors import SparkstackError
+from .errors import Interrupted, SparkstackError
 from .remote import Group
 
 
@@ -22,6 +25,7 @@ from .remote import Group
 class UpReport:
     steps: list[str] = field(default_factory=list)
     changed: bool = False
+    starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
 
 
@@ -34,6 +38,27 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
        say=print) -> UpReport:
     """prep → check (a failed row starts nothing) → images → start → wait (module docstring)."""
     report = UpReport()
+    try:
+        return _up(loaded, group, report, restart, wait_timeout, say)
+    except KeyboardInterrupt:
+        raise Interrupted(_after_interrupt(group, report, say)) from None
+
+
+def _after_interrupt(group: Group, report: UpReport, say) -> str:
+    """Stop what this run started; a second interrupt gives up on that at once."""
+    if not report.starting:
+        return "interrupted; nothing was started"
+    say("interrupted: stopping the serving containers this run started (interrupt again to exit now)")
+    try:
+        return f"interrupted; {serve.stop_and_say(group)}"
+    except KeyboardInterrupt:
+        names = ", ".join(c.target.name for c in group.connections)
+        return (f"interrupted twice: exited without waiting for the stop; a serving container may "
+                f"still run on {names}: run `sparkstack down`")
+
+
+def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
+        say) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
@@ -53,6 +78,7 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
         if loaded.profile.engine == "vllm" and len(the_plan.ranks) > 1:
             serve.require_multinode(group.connections[0], the_plan.image, loaded.cluster.multinode)
         say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks" + (" (Ray)" if ray else ""))
+        report.starting = True
         serve.start(the_plan, group, say=say, head_first=ray)
         report.steps.append("started every rank")
     say("waiting for the API")
@@ -60,10 +86,8 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
         api.wait_ready(api.endpoint(loaded), wait_timeout, say=say, watch=lambda: serve.watch(group))
     except api.NotServing as e:
         problems = [serve.diagnose(group, s) for s in serve.states(group)]
-        if report.changed:
-            serve.stop(group)
-        raise SparkstackError(e.message + ("; every rank's container was stopped" if report.changed else "")
-                              + "\n" + "\n".join(problems)) from None
+        stopped = f"; {serve.stop_and_say(group)}" if report.changed else ""
+        raise SparkstackError(e.message + stopped + "\n" + "\n".join(problems)) from None
     report.steps.append("the API answers")
     report.seconds = time.monotonic() - started
     return report

@@ -1,7 +1,7 @@
 """Errors a user can cause, each carrying its message and the exit code the CLI ends with.
 
 Exit codes: 1 a step failed on a rank, 2 bad input (config, profile, flags), 3 the plan refuses
-(the model does not fit).
+(the model does not fit), 130 interrupted (Ctrl+C, SIGTERM, SIGHUP).
 """
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ class ConfigError(SparkstackError):
 
 class PlanRefused(SparkstackError):
     exit_code = 3
+
+
+class Interrupted(SparkstackError):
+    """Ctrl+C (or SIGTERM/SIGHUP) ended a command; the message says what was cleaned up."""
+
+    exit_code = 130
 
 
 def field_path(loc: tuple) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -83,9 +82,7 @@ def _why(result) -> str:
 
 def gather(group: Group, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S) -> dict[int, RankFacts]:
     """Every rank's facts, probed in parallel: {rank index: RankFacts}."""
-    with ThreadPoolExecutor(max_workers=max(1, len(group.connections))) as pool:
-        found = list(pool.map(lambda c: probe_rank(c, loaded, timeout), group.connections))
-    return {g.rank: g for g in found}
+    return {g.rank: g for g in group.map(lambda c: probe_rank(c, loaded, timeout))}
 
 
 def facts_of(gathered: dict[int, RankFacts]) -> dict[int, Facts]:

@@ -52,7 +52,14 @@ EARLYOOM_ARGS = f"-m 4,2 -s 100 -r 3600 --prefer {EARLYOOM_PREFER} --avoid {EARL
 
 # The checkpoint is only read; nofail so a Spark still boots (and is reachable to fix) when the
 # NFS server is down; _netdev orders the mount after the network.
-NFS_OPTIONS = "ro,noatime,nofail,_netdev"
+# A hard mount (the default) makes every read of a dead server wait for good: the engine's
+# weight load, `docker rm -f` of its container, a shell's `ls`. soft turns that into an I/O
+# error after the retries; soft's known risk is a write lost on a timeout, and a read-only mount
+# has no writes. timeo=600 (60 s, TCP's default, stated) with retrans=2 gives up after about
+# 6 min of silence (linear backoff: 60 + 120 + 180 s), far past what a busy but live server
+# takes while four ranks load their weights at once.
+NFS_HANG_OPTIONS = "soft,timeo=600,retrans=2"
+NFS_OPTIONS = f"ro,{NFS_HANG_OPTIONS},noatime,nofail,_netdev"
 BIND_OPTIONS = "bind,nofail"
 
 _SYSCTL_NAME = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_*-]+)+$")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -178,8 +177,7 @@ def _record(prep: RankPrep, steps: list[Step], stdout: str) -> None:
 
 def apply(group: Group, preps: dict[int, RankPrep]) -> dict[int, RankPrep]:
     live = [c for c in group.connections if c.target.rank in preps]
-    with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
-        list(pool.map(lambda c: apply_rank(c, preps[c.target.rank]), live))
+    Group(live).map(lambda c: apply_rank(c, preps[c.target.rank]))
     return preps
 
 
@@ -194,8 +192,7 @@ def read_mem_available(group: Group, ranks: list[int]) -> dict[int, int | str]:
         m = _MEMAVAILABLE.search(res.stdout) if res.ok else None
         return c.target.rank, int(m[1]) * 1024 if m else res.why()
 
-    with ThreadPoolExecutor(max_workers=max(1, len(conns))) as pool:
-        return dict(pool.map(one, conns))
+    return dict(Group(conns).map(one))
 
 
 def wait_for_memory(group: Group, ranks: list[int], need: int, *, timeout: float = WAIT_TIMEOUT_S,

@@ -16,7 +16,8 @@ Arguments (all optional; a bare path instead of JSON is taken as `sysfs_root`):
                  root that holds `class/` ("/" is read as "/sys").
   ip_addr_file   `ip -j addr` output in a file, overlaid on the real command's output (the
                  sandbox's fabric netdevs exist only as fixtures).
-  model_dir      the checkpoint directory to fingerprint.
+  model_dir      the checkpoint directory to fingerprint (in a child process: a dead NFS
+                 server hangs its reader, and the probe reports it instead of hanging too).
   sysctls        names to read besides DEFAULT_SYSCTLS.
   disk_paths     paths whose free space to report besides "/", the model dir, Docker's root.
   timeout_s      per command (default 5): a hung daemon costs a finding, not the probe.
@@ -27,7 +28,9 @@ import hashlib
 import json
 import os
 import resource
+import select
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -41,6 +44,7 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 # One inspect line per image; full `docker image inspect` JSON carries every layer digest.
 INSPECT_FORMAT = ('{"Id":{{json .Id}},"RepoTags":{{json .RepoTags}},'
                   '"Labels":{{json .Config.Labels}},"Size":{{json .Size}}}')
+NOT_ANSWERING = "not answering"  # the model dir's error when its listing hangs (check looks for it)
 
 
 def read(path):
@@ -91,6 +95,48 @@ class Background(threading.Thread):
     def result(self):
         self.join()
         return self.value
+
+
+class Forked(object):
+    """fn(*args) in a child process whose JSON answer comes back through a pipe. result() gives
+    None when it has not answered `timeout` seconds after its start: the child is then killed
+    and not waited for, since a read from a dead NFS server can hold it (in D state) for good.
+    Start it before any thread: fork copies only the calling thread."""
+
+    def __init__(self, timeout, fn, *args):
+        self.deadline = time.time() + timeout
+        self.pipe, write_end = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(write_end, fn, args)
+        os.close(write_end)
+
+    def _child(self, write_end, fn, args):
+        try:  # off the SSH session's pipes: a child stuck holding them would keep it open
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            data = json.dumps(fn(*args)).encode()
+            while data:
+                data = data[os.write(write_end, data):]
+        finally:
+            os._exit(0)
+
+    def result(self):
+        chunks = []
+        while True:
+            left = self.deadline - time.time()
+            if left <= 0 or not select.select([self.pipe], [], [], left)[0]:
+                os.kill(self.pid, signal.SIGKILL)
+                os.close(self.pipe)
+                return None
+            chunk = os.read(self.pipe, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(self.pipe)
+        os.waitpid(self.pid, 0)
+        return json.loads(b"".join(chunks).decode()) if chunks else None
 
 
 def docker_socket():
@@ -253,6 +299,22 @@ def checkpoint(model_dir):
             "shards": shards}
 
 
+def model_dir_facts(model_dir):
+    """What the probe reads under the model dir, all of it possibly on NFS."""
+    return {"checkpoint": checkpoint(model_dir), "disk": disk([model_dir])}
+
+
+def model_dir_bounded(listing, model_dir, timeout):
+    """The forked listing's answer, or the model dir's NOT_ANSWERING error."""
+    if listing is None:
+        return {"checkpoint": None, "disk": {}}
+    found = listing.result()
+    if found is None:
+        return {"checkpoint": {"dir": model_dir, "error": "%s within %gs (reading it hung: a dead "
+                               "NFS server?)" % (NOT_ANSWERING, timeout)}, "disk": {}}
+    return found
+
+
 def rlimits():
     out = {}
     for name, which in (("nofile", resource.RLIMIT_NOFILE), ("memlock", resource.RLIMIT_MEMLOCK)):
@@ -339,6 +401,7 @@ def probe(args):
     started = time.time()
     timeout = float(args.get("timeout_s", 5))
     model_dir = args.get("model_dir")
+    listing = Forked(timeout, model_dir_facts, model_dir) if model_dir else None  # before any thread
     commands = {
         "ip_addr": ["ip", "-j", "addr", "show"],
         "findmnt": ["findmnt", "-J", "-l", "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"],
@@ -372,7 +435,6 @@ def probe(args):
         "sysfs_net": net_sysfs(cls),
         "sysfs_infiniband": rdma_sysfs(cls),
         "ip_addr_file": read(args["ip_addr_file"]) if args.get("ip_addr_file") else None,
-        "checkpoint": checkpoint(model_dir),
         # the address this SSH session arrived at, and the default route: where the rank is
         # reached when its configured `address` is a host name or a NAT's
         "ssh_connection": os.environ.get("SSH_CONNECTION"),
@@ -384,7 +446,9 @@ def probe(args):
     if sock is None:
         docker_cli_images(out, timeout)
     root = docker_root(out)
-    out["disk"] = disk(["/", root, model_dir] + list(args.get("disk_paths", [])))
+    model = model_dir_bounded(listing, model_dir, timeout)
+    out["checkpoint"] = model["checkpoint"]
+    out["disk"] = dict(disk(["/", root] + list(args.get("disk_paths", []))), **model["disk"])
     out["disk_docker_root"] = root
     out["clock"]["finished"] = time.time()
     return out

@@ -30,6 +30,7 @@ STORAGE = Path("~/.cache/sparkstack/registry").expanduser()
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
+READY_TIMEOUT_S = 15
 
 
 class RegistryError(SparkstackError):
@@ -89,19 +90,27 @@ class LocalRegistry:
         self.storage.chmod(0o700)  # also one an older version created 0755
         self.port = _free_port()
         self._workdir = tempfile.TemporaryDirectory(prefix="sparkstack-registry-")
-        config = Path(self._workdir.name) / "config.yml"
+        try:  # a failed start or Ctrl+C while waiting must not leave the registry or its dir behind
+            self._start(binary, Path(self._workdir.name))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self, binary: str, workdir: Path) -> None:
+        config = workdir / "config.yml"
         config.write_text(yaml.safe_dump({
             "version": 0.1,
             "log": {"level": "warn"},
             "storage": {"filesystem": {"rootdirectory": str(self.storage)}},
             "http": {"addr": f"127.0.0.1:{self.port}"},
         }))
-        log = open(Path(self._workdir.name) / "registry.log", "wb")
-        self._process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log)
-        self._wait_ready(Path(self._workdir.name) / "registry.log")
-        return self
+        with open(workdir / "registry.log", "wb") as log:  # the registry keeps its own copy
+            self._process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log)
+        self._wait_ready(workdir / "registry.log")
 
-    def _wait_ready(self, log: Path, timeout: float = 15) -> None:
+    def _wait_ready(self, log: Path) -> None:
+        timeout = READY_TIMEOUT_S
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -121,6 +130,7 @@ class LocalRegistry:
                 self._process.wait(5)
             except subprocess.TimeoutExpired:
                 self._process.kill()
+                self._process.wait()
         if self._workdir:
             self._workdir.cleanup()
         if self._lock:

@@ -5,7 +5,10 @@ together (reading one to its end while the other fills its window is paramiko's 
 transient connection errors (refused while a Spark boots, resets) are retried, bounded, with the
 attempt shown; host keys are verified against known_hosts, and trusting a new host is an
 explicit choice. Results come back per rank and are never interleaved: a failing rank never
-hides another's result.
+hides another's result. A command never outlives its timeout on the rank: it runs under
+coreutils `timeout` there, and a command we give up on (our timeout, Ctrl+C) is killed on the
+rank at once. An interrupt while waiting for every rank cancels what is in flight instead of
+waiting for it.
 """
 
 from __future__ import annotations
@@ -14,25 +17,36 @@ import base64
 import getpass
 import hashlib
 import logging
+import math
+import secrets
 import select
 import shlex
 import socket
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import paramiko
-from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import (RetryCallState, retry, retry_if_exception, stop_after_attempt, stop_when_event_set,
+                      wait_exponential)
 
 from .errors import SparkstackError
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
 KEEPALIVE_S = 15
 DEAD_AFTER_S = 30  # a rank that acknowledges nothing for this long is lost (cable, power, kernel)
+# The rank's own bound on a command runs this much past ours, so our message wins when we are
+# there to give it; when the connection is gone, the rank still ends the command. TERM first,
+# KILL this long after.
+RANK_GRACE_S = 5
+KILL_AFTER_S = 5
+KILL_TIMEOUT_S = 10  # for the `pkill` that stops a command we gave up on
+CANCEL_WAIT_S = 15  # an interrupted Group waits this long for its cancelled commands, no longer
+T = TypeVar("T")
+_cancel = threading.local()  # .event: the Group.map cancel event of the thread running a command
 
 # paramiko's transport thread logs every failed handshake with a traceback; with no handler
 # configured Python would print those to the terminal. Our own messages say what failed.
@@ -199,7 +213,11 @@ class Connection:
             self.say(f"{self.target.name}: {type(error).__name__}: {error or 'no answer'}; "
                      f"retrying ({state.attempt_number}/{self.attempts - 1})")
 
-        attempt = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(self.attempts),
+        stop = stop_after_attempt(self.attempts)
+        cancel = getattr(_cancel, "event", None)
+        if cancel is not None:  # an interrupted Group.map: no more attempts
+            stop = stop | stop_when_event_set(cancel)
+        attempt = retry(retry=retry_if_exception(_transient), stop=stop,
                         wait=wait_exponential(multiplier=0.5, max=8), before_sleep=announce,
                         reraise=True)
         return attempt(self._connect)()
@@ -316,22 +334,29 @@ class Connection:
     # -- running -----------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60.0,
             sudo: bool = False) -> Result:
-        """Run `command` through the rank's shell; never raises for the command's own failure."""
+        """Run `command` through the rank's shell; never raises for the command's own failure.
+        Timed out or cancelled (Group.map), it is killed on the rank, not left running there."""
         started = time.monotonic()
         result = Result(self.target)
+        cancel = getattr(_cancel, "event", None)  # set only in a Group.map thread
         try:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("was cancelled before it started")
             self.open()
+            token = f"sparkstack-run-{secrets.token_hex(8)}"
+            wrapped = _bounded(command, timeout, token)
             if sudo:
-                command, stdin = self._sudo(command, stdin)
-            result.exit_status, out, err = self._exec(command, stdin, timeout)
+                wrapped, stdin = self._sudo(wrapped, stdin)
+            result.exit_status, out, err = self._exec(wrapped, stdin, timeout, cancel,
+                                                      lambda: self._kill(token, sudo))
             result.stdout, result.stderr = out.decode(errors="replace"), err.decode(errors="replace")
         except RemoteError as e:
             result.error = e.message
         except (paramiko.SSHException, OSError, EOFError) as e:
             result.error = f"{self.target.name}: connection lost ({type(e).__name__}: {e}); re-run when the rank is back"
             self.close()
-        except TimeoutError as e:
-            result.error = f"{self.target.name}: {e}"
+        except (TimedOut, Cancelled) as e:
+            result.error = f"{self.target.name}: `{_short(command)}` {e}"
         result.seconds = time.monotonic() - started
         return result
 
@@ -346,13 +371,31 @@ class Connection:
         secret = (self.sudo_password + "\n").encode()
         return f"sudo -S -p '' {wrapped}", secret + (stdin or b"")
 
-    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    def _exec(self, command: str, stdin: bytes | None, timeout: float,
+              cancel: threading.Event | None = None, kill: Callable[[], None] | None = None
+              ) -> tuple[int, bytes, bytes]:
+        """The exit status and output of `command`. Given up on (the timeout, `cancel`, Ctrl+C
+        in this thread), `kill` stops it on the rank before the error is raised."""
         channel = self.client.get_transport().open_session(timeout=self.timeout)
-        channel.exec_command(command)
-        if stdin is not None:  # fed from a thread: a big stdin must not block reading output
-            threading.Thread(target=_feed, args=(channel, stdin), daemon=True).start()
-        else:
-            channel.shutdown_write()
+        try:
+            channel.exec_command(command)
+            if stdin is not None:  # fed from a thread: a big stdin must not block reading output
+                threading.Thread(target=_feed, args=(channel, stdin), daemon=True).start()
+            else:
+                channel.shutdown_write()
+            return self._collect(channel, timeout, cancel)
+        except (paramiko.SSHException, OSError, EOFError):
+            raise  # the connection is gone: the rank's own `timeout` ends the command
+        except BaseException:
+            if kill:
+                kill()
+            raise
+        finally:
+            channel.close()
+
+    @staticmethod
+    def _collect(channel: paramiko.Channel, timeout: float,
+                 cancel: threading.Event | None) -> tuple[int, bytes, bytes]:
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         while True:
@@ -365,10 +408,40 @@ class Connection:
                 return channel.recv_exit_status(), bytes(out), bytes(err)
             if not channel.get_transport().is_active() or (channel.closed and channel.exit_status == -1):
                 raise EOFError("the SSH connection dropped before the command finished")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("was cancelled and stopped on the rank")
             if time.monotonic() > deadline:
-                channel.close()
-                raise TimeoutError(f"`{_short(command)}` did not finish within {timeout:.0f} s")
+                raise TimedOut(f"did not finish within {timeout:.0f} s; stopped on the rank")
             select.select([channel], [], [], 0.2)
+
+    def _kill(self, token: str, sudo: bool) -> None:
+        """Stop a command of ours on the rank: TERM to its `timeout`, which passes it to the
+        command's whole process group (and KILLs it KILL_AFTER_S later). Best effort: when
+        the rank does not answer, its own `timeout` ends the command anyway."""
+        # the pattern as a regex that does not match itself: the shell running pkill is spared
+        command, stdin = f"pkill -TERM -f -- {shlex.quote(f'[{token[0]}]{token[1:]}')}", None
+        if sudo:
+            command, stdin = self._sudo(command, stdin)
+        try:
+            self._exec(command, stdin, KILL_TIMEOUT_S)
+        except (paramiko.SSHException, OSError, EOFError, TimedOut):
+            pass
+
+
+class TimedOut(Exception):
+    """A command ran past its timeout (not an OSError: the connection is fine)."""
+
+
+class Cancelled(Exception):
+    """Group.map was interrupted while this command was in flight."""
+
+
+def _bounded(command: str, timeout: float, token: str) -> str:
+    """`command` as the rank runs it: under coreutils `timeout`, in a process group of its own,
+    so it ends even if our connection is gone; `token` (an argument the command ignores)
+    names its processes for `pkill -f`."""
+    limit = math.ceil(timeout) + RANK_GRACE_S
+    return f"timeout -k {KILL_AFTER_S} {limit} sh -c {shlex.quote(command)} sh {token}"
 
 
 FEED_CHUNK = 1 << 16
@@ -440,9 +513,43 @@ class Group:
         kw.setdefault("dead_after", float(cluster.ssh.dead_after_s))
         return cls.from_targets(targets_from_config(cluster), cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS, **kw)
 
+    def map(self, action: Callable[[Connection], T]) -> list[T]:
+        """`action` on every rank at once; the answers in rank order. A rank's exception waits
+        until every rank is done, then the first is raised (the other ranks' work is not cut
+        short). An interrupt (Ctrl+C, SIGTERM) while waiting cancels every command in flight
+        (Connection.run kills it on its rank), waits up to CANCEL_WAIT_S for that and is raised:
+        nothing is waited for to its own timeout. The worker threads are daemons, so a rank
+        that does not answer even then cannot hold up the exit."""
+        cancel = threading.Event()
+        outcomes: list[tuple[bool, object]] = [(False, None)] * len(self.connections)
+
+        def work(i: int, conn: Connection) -> None:
+            _cancel.event = cancel
+            try:
+                outcomes[i] = (True, action(conn))
+            except BaseException as e:  # kept for the caller's thread
+                outcomes[i] = (False, e)
+
+        threads = [threading.Thread(target=work, args=(i, c), daemon=True, name=c.target.name)
+                   for i, c in enumerate(self.connections)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException:
+            cancel.set()
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            for t in (t for t in threads if t.ident is not None):  # those started
+                t.join(max(0.0, deadline - time.monotonic()))
+            raise
+        for ok, value in outcomes:
+            if not ok:
+                raise value
+        return [value for _ok, value in outcomes]
+
     def each(self, action: Callable[[Connection], Result]) -> GroupResult:
-        with ThreadPoolExecutor(max_workers=max(1, len(self.connections))) as pool:
-            return GroupResult(list(pool.map(action, self.connections)))
+        return GroupResult(self.map(action))
 
     def run(self, command: str, **kw) -> GroupResult:
         return self.each(lambda c: c.run(command, **kw))

@@ -102,10 +102,23 @@ def is_current(current: list[RankState], plan: Plan) -> bool:
 
 
 def stop(group: Group) -> list[Result]:
-    """Remove the serving container on every rank; nothing there is fine."""
+    """Remove the serving container on every rank; nothing there is fine. A rank counts as
+    stopped only when its Docker answers that no such container is left (a missing CLI or a
+    daemon that does not answer is a failure, not an absence)."""
     results = group.run(f"docker rm -f {CONTAINER_NAME} >/dev/null 2>&1; "
-                        f"! docker inspect {CONTAINER_NAME} >/dev/null 2>&1", timeout=60).results
+                        f"left=$(docker ps -aq --filter name=^{CONTAINER_NAME}$) || exit; "
+                        f"[ -z \"$left\" ] || {{ echo '{CONTAINER_NAME} is still there' >&2; exit 1; }}",
+                        timeout=60).results
     return [r for r in results if not r.ok]
+
+
+def stop_and_say(group: Group) -> str:
+    """Stop every rank's container and say so only as far as every rank confirmed it."""
+    failed = stop(group)
+    if not failed:
+        return "every rank's container was stopped"
+    return ("the container could not be stopped on " + "; ".join(f"{r.target.name} ({r.why()})" for r in failed)
+            + ": run `sparkstack down` once it answers")
 
 
 def engine_version(conn: Connection, image: str) -> tuple[int, ...] | None:
@@ -187,6 +200,4 @@ def diagnose(group: Group, state: RankState) -> str:
 
 
 def _abort(group: Group, problems: list[str]) -> None:
-    stop(group)
-    raise StartFailed("the cluster did not start; every rank's container was stopped.\n"
-                      + "\n".join(problems))
+    raise StartFailed(f"the cluster did not start; {stop_and_say(group)}.\n" + "\n".join(problems))

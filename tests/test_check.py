@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from local_probe import sandbox_rank_facts
+from local_probe import run_probe, sandbox_rank_facts
 from launcher import check, config, facts, gather, plan
 from launcher.cli import main
 from launcher.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
@@ -453,6 +454,29 @@ def test_checkpoint_and_clock_compare_ranks(sandbox_config, fabric_facts):
     assert row(report, 2, "checkpoint").status == "fail" and "other ranks ffffffffffff" in row(report, 2, "checkpoint").value
     assert row(report, 2, "clock").status == "fail" and "timedatectl" in row(report, 2, "clock").fix
     assert row(report, 0, "clock").status == "pass"
+
+
+def test_a_model_dir_whose_reads_hang_is_an_nfs_server_not_answering(sandbox_config, fabric_facts, tmp_path):
+    """A read that never returns, as from a dead NFS server (here config.json is a FIFO nobody
+    writes, whose open() blocks just so): the real probe still answers within its timeout, and
+    check says the NFS server does not answer, with where to look."""
+    from launcher import probe
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model-00001-of-00001.safetensors").write_bytes(b"")
+    os.mkfifo(model / "config.json")
+    raw = run_probe({"model_dir": str(model), "timeout_s": 1})
+    assert raw["checkpoint"]["dir"] == str(model)
+    assert raw["checkpoint"]["error"].startswith(f"{probe.NOT_ANSWERING} within 1s")
+    assert str(model) not in raw["disk"]  # its statvfs is part of the bounded read
+    hung = facts.parse_facts(raw)
+    report = check.evaluate(inputs(sandbox_config, fabric_facts,
+                                   {2: {"checkpoint": hung.checkpoint, "problems": hung.problems}}))
+    got = row(report, 2, "checkpoint")
+    assert got.status == "fail" and got.value.startswith(f"NFS server not answering: checkpoint {model}: ")
+    assert "findmnt -o OPTIONS /models/glm53-sandbox` should include soft, timeo=600, retrans=2" in got.fix
+    assert row(report, 1, "checkpoint").status == "pass"
 
 
 def test_unreachable_rank_is_one_failed_ssh_row(sandbox_config, fabric_facts):

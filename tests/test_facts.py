@@ -88,8 +88,8 @@ def test_docker_image_lookup():
 
 # --- the probe script ---------------------------------------------------------------------------
 
-STDLIB = {"hashlib", "json", "os", "resource", "shutil", "socket", "stat", "threading",
-          "subprocess", "sys", "time"}
+STDLIB = {"hashlib", "json", "os", "resource", "select", "shutil", "signal", "socket", "stat",
+          "threading", "subprocess", "sys", "time"}
 
 
 def test_probe_is_a_standalone_stdlib_script():

@@ -148,7 +148,7 @@ def test_fstab_bind_mounts_on_the_nfs_server_and_mounts_nfs_elsewhere(load_examp
     for i in (1, 2, 3):
         assert node_settings.fstab_entry(cluster, i) == (
             "spark1:/srv/models/keys-GLM-5.3-EXL3 /models/keys-GLM-5.3-EXL3 nfs "
-            "ro,noatime,nofail,_netdev 0 0")
+            "ro,soft,timeo=600,retrans=2,noatime,nofail,_netdev 0 0")
 
 
 def _nfs(**changes):

@@ -61,7 +61,7 @@ def test_sysctl_overrides_come_from_node_settings(write_config, spark_facts, mon
 def test_nfs_mount_on_clients_bind_mount_on_the_server(write_config, spark_facts):
     loaded = config.load(write_config(nfs))
     client = prep.mount_step(loaded, 2, spark_facts)
-    assert client.needed and client.command == ("mkdir -p /models/glm53 && mount -t nfs -o ro,noatime "
+    assert client.needed and client.command == ("mkdir -p /models/glm53 && mount -t nfs -o ro,soft,timeo=600,retrans=2,noatime "
                                                 "spark1:/srv/glm53 /models/glm53")
     server = prep.mount_step(loaded, 0, spark_facts)  # spark1 serves the export: seed 000's gotcha
     assert server.command == "mkdir -p /models/glm53 && mount --bind /srv/glm53 /models/glm53"

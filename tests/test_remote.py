@@ -1,6 +1,8 @@
 """The SSH layer against the sandbox's real sshd: parallel runs, no deadlock, host keys, retries."""
 
 import http.server
+import secrets
+import signal
 import threading
 import time
 from pathlib import Path
@@ -50,6 +52,67 @@ def test_timeout_names_the_command(group):
     r = group.connections[1].run("sleep 5", timeout=1)
     assert not r.ok and "did not finish within 1 s" in r.error
     assert group.connections[1].run("echo still usable").stdout == "still usable\n"
+
+
+def _running(sandbox, name: str, pattern: str) -> bool:
+    """Whether a process on the rank has `pattern` in its command line (pgrep's own shell,
+    which holds the pattern too, is not matched: the regex form spells it differently)."""
+    rc, out, err = sandbox.run(name, f"pgrep -f -- '[{pattern[0]}]{pattern[1:]}'")
+    assert rc in (0, 1), err
+    return rc == 0
+
+
+def _until(sandbox, name: str, pattern: str, running: bool, within: float = 30) -> bool:
+    """Poll until the pattern's process is running (or gone) on the rank; False at `within`."""
+    deadline = time.monotonic() + within
+    while _running(sandbox, name, pattern) != running:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _unique_sleep() -> str:
+    """A `sleep` whose command line no other process on a rank has."""
+    return f"sleep {300000 + secrets.randbelow(600000)}"
+
+
+@pytest.mark.parametrize("sudo", [False, True])
+def test_a_timed_out_command_is_killed_on_the_rank(group, sandbox, sudo):
+    sleep = _unique_sleep()
+    r = group.connections[2].run(f"{sleep}; echo never", timeout=2, sudo=sudo)
+    assert "did not finish within 2 s; stopped on the rank" in r.error
+    assert _until(sandbox, "spark3", sleep, running=False), f"`{sleep}` still runs on spark3"
+
+
+def test_a_command_whose_connection_dropped_ends_on_the_rank(sandbox):
+    """Nobody is left to kill it: the rank's own `timeout` (ours + RANK_GRACE_S) ends it."""
+    sleep = _unique_sleep()
+    with remote.Group.for_cluster(config.load(sandbox.config).cluster, attempts=1, say=lambda m: None) as g:
+        conn = g.connections[1]
+        running = threading.Thread(target=lambda: conn.run(f"{sleep}; echo never", timeout=3), daemon=True)
+        running.start()
+        assert _until(sandbox, "spark2", sleep, running=True)
+        conn.close()
+        running.join(30)
+    assert _until(sandbox, "spark2", sleep, running=False), f"`{sleep}` still runs on spark2"
+
+
+def test_ctrl_c_while_every_rank_runs_kills_the_commands_there(group, sandbox):
+    """The main thread is interrupted while every rank runs a long command: the interrupt
+    comes through at once, and each rank's command is killed there, not waited for."""
+    sleep = _unique_sleep()
+
+    def interrupt_once_running():
+        if all(_until(sandbox, name, sleep, running=True) for name in sandbox.names):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        group.run(f"{sleep}; echo never", timeout=120)
+    for name in sandbox.names:
+        assert _until(sandbox, name, sleep, running=False), f"`{sleep}` still runs on {name}"
+    assert group.run("echo still usable").results[3].stdout == "still usable\n"
 
 
 def test_sudo_is_root(group):
@@ -171,9 +234,10 @@ def test_a_connection_dropped_between_commands_reconnects(sandbox):
     a reboot): the next command connects afresh instead of failing."""
     with remote.Group.for_cluster(config.load(sandbox.config).cluster, attempts=1, say=lambda m: None) as g:
         conn = g.connections[1]
-        first = conn.run("echo $PPID")
+        # the session's sshd: the nearest sshd above the command (`timeout` and sh sit between)
+        first = conn.run("p=$$; until grep -q '^sshd' /proc/$p/comm; do p=$(cut -d' ' -f4 /proc/$p/stat); done; echo $p")
         assert first.ok
-        sandbox.run("spark2", f"sudo kill {int(first.stdout)}; true", user="spark")  # the session's sshd
+        sandbox.run("spark2", f"sudo kill {int(first.stdout)}; true", user="spark")
         deadline = time.monotonic() + 10
         while conn.client.get_transport().is_active() and time.monotonic() < deadline:
             time.sleep(0.1)
