@@ -8,6 +8,7 @@ every problem is reported with the file and the field path, unknown keys include
 from __future__ import annotations
 
 import os
+import shlex
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Literal
@@ -192,6 +193,7 @@ def load(path: Path) -> Loaded:
     cluster: Cluster = load_yaml_model(path, Cluster, "cluster config")
     profile = load_profile(cluster.profile, _profiles_dir(cluster, path), f"{path}: profile")
     flags = _engine_flags(path, cluster, profile)
+    _check_sizes(path, cluster, profile, flags)
     _check_parallelism(path, cluster, flags)
     return Loaded(path=path, cluster=cluster, profile=profile, flags=flags)
 
@@ -238,6 +240,37 @@ def _check_tensorfold(path: Path, cluster: Cluster, profile: Profile) -> None:
     if cluster.overrides.api_key:
         problems.append(f"{path}: overrides.api_key: TensorFold's server checks no API key (seed 001: "
                         "keep it on a private network); remove api_key for profile " + profile.name)
+    if problems:
+        raise ConfigError(problems)
+
+
+# Sizes vLLM's parser takes (any int) but its engine refuses: key -> (accepted?, what is expected).
+SIZE_FLAGS = {
+    "tensor_parallel_size": (lambda n: n >= 1, "1 or more (one GPU per rank)"),
+    "pipeline_parallel_size": (lambda n: n >= 1, "1 or more"),
+    "decode_context_parallel_size": (lambda n: n >= 1, "1 or more, dividing tensor parallel"),
+    "max_model_len": (lambda n: n >= 1 or n == -1, "a number of tokens (1 or more), or auto"),
+    "kv_cache_memory_bytes": (lambda n: n is None or n >= 1, "a number of bytes (1 or more), e.g. 14g"),
+}
+
+
+def _check_sizes(path: Path, cluster: Cluster, profile: Profile, flags: list[vllm_flags.Flag]) -> None:
+    """Refuse the sizes SIZE_FLAGS refuses, naming where each was set, before the plan divides by them."""
+    if profile.engine != "vllm":
+        return
+    ours = vllm_flags.split_lines(cluster.overrides.engine_args)
+    user = {f.key for f in vllm_flags.parse(ours, frozenset(profile.plugin_flags))}
+    problems = []
+    for key, (accepted, expected) in SIZE_FLAGS.items():
+        flag = next((f for f in flags if f.key == key), None)
+        if flag is None:
+            continue
+        where = f"{path}: overrides.engine_args" if key in user else f"{path}: profile {profile.name}"
+        try:
+            if not accepted(vllm_flags.converted(flags, key)):
+                problems.append(f"{where}: {shlex.join(flag.argv())}: expected {expected}")
+        except vllm_flags.FlagError as e:
+            problems.append(f"{where}: {e}")
     if problems:
         raise ConfigError(problems)
 

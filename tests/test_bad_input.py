@@ -32,3 +32,62 @@ def test_config_that_is_not_utf8(write_config):
 def test_yaml_nested_a_thousand_deep(write_config):
     result = plan(write_config(text="profile: " + "[" * 1000 + "]" * 1000 + "\n"))
     assert result.exit_code == 2 and "nested too deeply" in result.output
+
+
+# --- engine sizes: what vLLM's parser takes but its engine (or the plan's arithmetic) cannot -----
+
+def with_args(write_config, *args: str):
+    return write_config(lambda d: d["overrides"].update(engine_args=list(args)))
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["-dcp 0"], "-dcp 0: expected 1 or more"),  # was a ZeroDivisionError
+    (["-tp -2", "-pp -2"], "-tp -2: expected 1 or more"),  # -2 × -2 = 4 ranks passed
+    (["--max-model-len -5"], "--max-model-len -5: expected a number of tokens (1 or more), or auto"),
+    (["--max-model-len 0"], "--max-model-len 0: expected a number of tokens"),
+    (["--kv-cache-memory-bytes -5"], "--kv-cache-memory-bytes -5: expected a number of bytes"),
+])
+def test_engine_sizes_vllm_would_refuse(write_config, args, shown):
+    path = with_args(write_config, *args)
+    result = plan(path)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: overrides.engine_args: {shown}" in result.output
+
+
+def test_a_size_set_in_the_profile_names_the_profile(write_config, tmp_path):
+    (tmp_path / "mine.yaml").write_text(
+        "description: x\nimage: {prebuilt: x}\nserved_name: x\n"
+        "args: ['--tensor-parallel-size 4', '--decode-context-parallel-size 0']\nkv: {layout: fp8}\n"
+        "defaults: {model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
+        "weights_per_rank_gib: 1}\n")
+    path = write_config(lambda d: d.update(profile="mine", profiles_dir=str(tmp_path)))
+    result = plan(path)
+    assert result.exit_code == 2
+    assert f"{path}: profile mine: --decode-context-parallel-size 0: expected 1 or more" in result.output
+
+
+@pytest.mark.parametrize("spelling", ["auto", "AUTO", "-1"])
+def test_max_model_len_auto_plans_the_tokens_that_fit(write_config, spelling):
+    """vLLM's auto (also -1): the longest context the KV cache holds; the plan sizes the cache as
+    without a length, says so, and passes the flag on as written."""
+    import json
+
+    fixed = json.loads(plan(with_args(write_config, "--max-model-len 1000")).output)
+    result = plan(with_args(write_config, f"--max-model-len={spelling}"))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["kv"]["max_tokens"] == fixed["kv"]["max_tokens"] > 1000
+    assert f"--max-model-len={spelling}" in data["ranks"][0]["engine"]
+    assert any(line.startswith("--max-model-len auto: vLLM picks the longest context that fits")
+               and f"{data['kv']['max_tokens']:,} tokens" in line for line in data["assumed"])
+
+
+def test_kv_cache_bytes_none_is_unset_as_in_vllm(write_config):
+    """vLLM reads `None` as not given: the plan then sets the figure itself."""
+    import json
+
+    result = plan(with_args(write_config, "--kv-cache-memory-bytes None"))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    engine = data["ranks"][0]["engine"]
+    assert engine[engine.index("--kv-cache-memory-bytes") + 1] == str(data["kv"]["kv_cache_memory_bytes"])
