@@ -13,11 +13,11 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
+from pydantic import AfterValidator, Field, PositiveInt, field_validator, model_validator
 
 from . import vllm_flags, vllm_guard
 from .errors import ConfigError, load_yaml_model
-from .profile import PROFILES_DIR, Profile, Strict, load_profile
+from .profile import PROFILES_DIR, Gib, Profile, Strict, load_profile
 
 DEFAULT_CONFIG = Path("cluster.yaml")
 
@@ -84,8 +84,8 @@ class ContainerSettings(Strict):
 class Overrides(Strict):
     engine_args: list[str] = []
     env: dict[str, str] = {}
-    headroom_gib: NonNegativeFloat = 8.0
-    runtime_overhead_gib: NonNegativeFloat = 14.0
+    headroom_gib: Gib = 8.0
+    runtime_overhead_gib: Gib = 14.0
     # how far below vLLM's startup guard the planned --gpu-memory-utilization stays (vllm_guard.py)
     utilization_margin: float = Field(vllm_guard.MARGIN, ge=0, lt=1)
     api_port: int | None = Field(None, ge=1, le=65535)

@@ -9,15 +9,19 @@ cannot be read (the model's shape and the weights per rank the seed reports).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from . import vllm_flags
 from .checkpoint import ModelShape
 from .errors import ConfigError, load_yaml_model
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "env" / "profiles"
+
+# A memory figure in GiB: finite (an infinite one passes `ge` and overflows the byte arithmetic)
+# and below a PiB.
+Gib = Annotated[float, Field(ge=0, lt=2**20, allow_inf_nan=False)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -42,24 +46,24 @@ class KvRule(Strict):
 
 class ShapeDefaults(Strict):
     num_hidden_layers: PositiveInt
-    num_nextn_predict_layers: int = 0
+    num_nextn_predict_layers: int = Field(0, ge=0)
     kv_lora_rank: PositiveInt
     qk_rope_head_dim: PositiveInt
-    index_head_dim: int = 0
+    index_head_dim: int = Field(0, ge=0)
 
 
 class Defaults(Strict):
     """Seed figures used when no checkpoint can be read; each use is listed as assumed."""
 
     model_shape: ShapeDefaults
-    weights_per_rank_gib: PositiveFloat
-    mtp_weights_per_rank_gib: float = 0.0
+    weights_per_rank_gib: Annotated[Gib, Field(gt=0)]
+    mtp_weights_per_rank_gib: Gib = 0.0
 
 
 class BenchDefaults(Strict):
     """Sampling `sparkstack bench` uses unless told otherwise (seed 000 measured at 0.6 / 0.95)."""
 
-    temperature: float = Field(0.6, ge=0)
+    temperature: float = Field(0.6, ge=0, allow_inf_nan=False)
     top_p: float = Field(0.95, gt=0, le=1)
 
 

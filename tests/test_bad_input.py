@@ -54,13 +54,18 @@ def test_engine_sizes_vllm_would_refuse(write_config, args, shown):
     assert f"{path}: overrides.engine_args: {shown}" in result.output
 
 
-def test_a_size_set_in_the_profile_names_the_profile(write_config, tmp_path):
-    (tmp_path / "mine.yaml").write_text(
+def with_profile(write_config, directory, arg="--decode-context-parallel-size 1", weights="1"):
+    """A cluster.yaml whose profile `mine` (in `directory`) passes `-tp 4` and `arg`."""
+    (directory / "mine.yaml").write_text(
         "description: x\nimage: {prebuilt: x}\nserved_name: x\n"
-        "args: ['--tensor-parallel-size 4', '--decode-context-parallel-size 0']\nkv: {layout: fp8}\n"
+        f"args: ['--tensor-parallel-size 4', '{arg}']\nkv: {{layout: fp8}}\n"
         "defaults: {model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
-        "weights_per_rank_gib: 1}\n")
-    path = write_config(lambda d: d.update(profile="mine", profiles_dir=str(tmp_path)))
+        f"weights_per_rank_gib: {weights}}}\n")
+    return write_config(lambda d: d.update(profile="mine", profiles_dir=str(directory)))
+
+
+def test_a_size_set_in_the_profile_names_the_profile(write_config, tmp_path):
+    path = with_profile(write_config, tmp_path, "--decode-context-parallel-size 0")
     result = plan(path)
     assert result.exit_code == 2
     assert f"{path}: profile mine: --decode-context-parallel-size 0: expected 1 or more" in result.output
@@ -91,3 +96,24 @@ def test_kv_cache_bytes_none_is_unset_as_in_vllm(write_config):
     data = json.loads(result.output)
     engine = data["ranks"][0]["engine"]
     assert engine[engine.index("--kv-cache-memory-bytes") + 1] == str(data["kv"]["kv_cache_memory_bytes"])
+
+
+# --- memory figures: finite, so the byte arithmetic cannot overflow ------------------------------
+
+@pytest.mark.parametrize("field, value", [("headroom_gib", ".inf"), ("runtime_overhead_gib", "1e308")])
+def test_memory_figures_in_gib_are_finite(write_config, field, value):
+    import yaml
+
+    path = write_config(lambda d: d["overrides"].update({field: 0}))
+    path.write_text(path.read_text().replace(f"{field}: 0", f"{field}: {value}"))
+    assert yaml.safe_load(path.read_text())["overrides"][field] != 0
+    result = plan(path)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: overrides.{field}: Input should be" in result.output
+
+
+def test_profile_weights_are_finite(write_config, tmp_path):
+    result = plan(with_profile(write_config, tmp_path, weights=".inf"))
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'mine.yaml'}: defaults.weights_per_rank_gib: Input should be a finite number" \
+        in result.output
