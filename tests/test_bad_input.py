@@ -54,13 +54,14 @@ def test_engine_sizes_vllm_would_refuse(write_config, args, shown):
     assert f"{path}: overrides.engine_args: {shown}" in result.output
 
 
-def with_profile(write_config, directory, arg="--decode-context-parallel-size 1", weights="1"):
-    """A cluster.yaml whose profile `mine` (in `directory`) passes `-tp 4` and `arg`."""
-    (directory / "mine.yaml").write_text(
-        "description: x\nimage: {prebuilt: x}\nserved_name: x\n"
-        f"args: ['--tensor-parallel-size 4', '{arg}']\nkv: {{layout: fp8}}\n"
-        "defaults: {model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
-        f"weights_per_rank_gib: {weights}}}\n")
+def with_profile(write_config, directory, arg="--decode-context-parallel-size 1", **changes):
+    """A cluster.yaml whose profile `mine` (in `directory`) passes `-tp 4` and `arg`; `changes`
+    replace its fields (`defaults` and `bench` are YAML flow text, to write .inf)."""
+    fields = {"description": "x", "image": "{prebuilt: x}", "served_name": "x",
+              "args": f"['--tensor-parallel-size 4', '{arg}']", "kv": "{layout: fp8}",
+              "defaults": "{model_shape: {num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64}, "
+                          "weights_per_rank_gib: 1}", **changes}
+    (directory / "mine.yaml").write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
     return write_config(lambda d: d.update(profile="mine", profiles_dir=str(directory)))
 
 
@@ -112,8 +113,19 @@ def test_memory_figures_in_gib_are_finite(write_config, field, value):
     assert f"{path}: overrides.{field}: Input should be" in result.output
 
 
-def test_profile_weights_are_finite(write_config, tmp_path):
-    result = plan(with_profile(write_config, tmp_path, weights=".inf"))
-    assert result.exit_code == 2
-    assert f"{tmp_path / 'mine.yaml'}: defaults.weights_per_rank_gib: Input should be a finite number" \
-        in result.output
+SHAPE = "num_hidden_layers: 2, kv_lora_rank: 512, qk_rope_head_dim: 64"
+
+
+@pytest.mark.parametrize("field, text, problem", [
+    ("defaults", f"{{model_shape: {{{SHAPE}}}, weights_per_rank_gib: .inf}}",
+     "defaults.weights_per_rank_gib: Input should be a finite number"),
+    ("defaults", f"{{model_shape: {{{SHAPE}}}, weights_per_rank_gib: 1, mtp_weights_per_rank_gib: -1}}",
+     "defaults.mtp_weights_per_rank_gib: Input should be greater than or equal to 0"),
+    ("defaults", f"{{model_shape: {{{SHAPE}, num_nextn_predict_layers: -9}}, weights_per_rank_gib: 1}}",
+     "defaults.model_shape.num_nextn_predict_layers: Input should be greater than or equal to 0"),
+    ("bench", "{temperature: .inf}", "bench.temperature: Input should be a finite number"),
+])
+def test_profile_figures_are_finite_and_not_negative(write_config, tmp_path, field, text, problem):
+    result = plan(with_profile(write_config, tmp_path, **{field: text}))
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'mine.yaml'}: {problem}" in result.output
