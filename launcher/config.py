@@ -13,15 +13,35 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, PositiveInt, field_validator, model_validator
+from pydantic import AfterValidator, Field, PositiveInt, model_validator
 
 from . import vllm_flags, vllm_guard
 from .errors import ConfigError, load_yaml_model
-from .profile import PROFILES_DIR, Gib, Profile, Strict, load_profile
+from .profile import PROFILES_DIR, EnvVars, Gib, Profile, Strict, load_profile
 
 DEFAULT_CONFIG = Path("cluster.yaml")
 
-UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+
+def _expand_user(path: Path) -> Path:
+    try:
+        return path.expanduser()
+    except RuntimeError:  # ~name of no user here
+        raise ValueError(f"{str(path).split('/')[0]}: no such user on this host") from None
+
+
+UserPath = Annotated[Path, AfterValidator(_expand_user)]
+
+
+def _mountable(path: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError("must be an absolute path, the same on every rank")
+    if ":" in path or "\0" in path:
+        raise ValueError("must not contain ':' or NUL (docker -v PATH:PATH:ro splits on ':'); "
+                         "rename the directory or mount it elsewhere")
+    return path
+
+
+MountPath = Annotated[str, AfterValidator(_mountable)]  # bind-mounted at the same path on every rank
 
 
 class SshSettings(Strict):
@@ -53,16 +73,9 @@ class NfsExport(Strict):
 
 
 class ModelSettings(Strict):
-    path: str
+    path: MountPath
     served_name: str | None = None  # default: the profile's
     nfs: NfsExport | None = None
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path, the same on every rank")
-        return v
 
 
 class ImageSettings(Strict):
@@ -83,7 +96,7 @@ class ContainerSettings(Strict):
 
 class Overrides(Strict):
     engine_args: list[str] = []
-    env: dict[str, str] = {}
+    env: EnvVars = {}
     headroom_gib: Gib = 8.0
     runtime_overhead_gib: Gib = 14.0
     # how far below vLLM's startup guard the planned --gpu-memory-utilization stays (vllm_guard.py)
@@ -105,15 +118,8 @@ class NcclSettings(Strict):
     """A host NCCL build used instead of the image's own (rings in the field run a newer or
     patched one): bind-mounted read-only at the same path and preloaded in the serving container."""
 
-    host_lib: str | None = None  # e.g. /opt/nccl-2.30.7/lib/libnccl.so.2, the same on every rank
-    env: dict[str, str] = {}  # that build's own switches, e.g. NCCL_SWITCHLESS_RING_ONLY: "1"
-
-    @field_validator("host_lib")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must be an absolute path, the same on every rank")
-        return v
+    host_lib: MountPath | None = None  # e.g. /opt/nccl-2.30.7/lib/libnccl.so.2, the same on every rank
+    env: EnvVars = {}  # that build's own switches, e.g. NCCL_SWITCHLESS_RING_ONLY: "1"
 
     @model_validator(mode="after")
     def _env_needs_lib(self):

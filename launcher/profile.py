@@ -8,10 +8,11 @@ cannot be read (the model's shape and the weights per rank the seed reports).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from . import vllm_flags
 from .checkpoint import ModelShape
@@ -22,6 +23,21 @@ PROFILES_DIR = Path(__file__).resolve().parent.parent / "env" / "profiles"
 # A memory figure in GiB: finite (an infinite one passes `ge` and overflows the byte arithmetic)
 # and below a PiB.
 Gib = Annotated[float, Field(ge=0, lt=2**20, allow_inf_nan=False)]
+
+
+def _env_vars(env: dict[str, str]) -> dict[str, str]:
+    """A container's env travels as `KEY=value` lines (serve.run_command) and `-e KEY=value`: a
+    name with `=`, a space or a newline, or a value with a newline, would set something else."""
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{key!r} is not an environment variable name (letters, digits and _, "
+                             "not starting with a digit)")
+        if "\n" in value or "\0" in value:
+            raise ValueError(f"{key}: the value has a line break or NUL, which an env file cannot carry")
+    return env
+
+
+EnvVars = Annotated[dict[str, str], AfterValidator(_env_vars)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -77,7 +93,7 @@ class Profile(Strict):
     api_port: int = Field(8000, ge=1, le=65535)
     args: list[str] = []
     plugin_flags: list[str] = []
-    env: dict[str, str] = {}
+    env: EnvVars = {}
     kv: KvRule
     defaults: Defaults
     bench: BenchDefaults = BenchDefaults()

@@ -129,3 +129,41 @@ def test_profile_figures_are_finite_and_not_negative(write_config, tmp_path, fie
     result = plan(with_profile(write_config, tmp_path, **{field: text}))
     assert result.exit_code == 2, result.output
     assert f"{tmp_path / 'mine.yaml'}: {problem}" in result.output
+
+
+# --- what travels into the container and onto its command line -----------------------------------
+
+@pytest.mark.parametrize("where, env, problem", [
+    ("overrides", {"A\nB": "1"}, "overrides.env: 'A\\nB' is not an environment variable name"),
+    ("overrides", {"NCCL_DEBUG=INFO": "1"}, "overrides.env: 'NCCL_DEBUG=INFO' is not an environment variable name"),
+    ("overrides", {"NCCL_DEBUG": "INFO\nLD_PRELOAD=/tmp/x.so"}, "overrides.env: NCCL_DEBUG: the value has a line break"),
+    ("nccl", {"X Y": "1"}, "nccl.env: 'X Y' is not an environment variable name"),
+])
+def test_env_names_and_values_an_env_file_can_carry(write_config, where, env, problem):
+    def edit(d):
+        if where == "nccl":
+            d["nccl"] = {"host_lib": "/opt/nccl/lib/libnccl.so.2", "env": env}
+        else:
+            d["overrides"]["env"] = env
+    path = write_config(edit)
+    result = plan(path)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: {problem}" in result.output
+
+
+@pytest.mark.parametrize("field, value", [("model", {"path": "/models/glm:5.3"}),
+                                          ("model", {"path": "/models/glm\x005.3"}),
+                                          ("nccl", {"host_lib": "/opt/nccl:2/libnccl.so.2"})])
+def test_mounted_paths_without_colons(write_config, field, value):
+    """`-v PATH:PATH:ro` splits on ':' (and a NUL made the checkpoint reader raise)."""
+    path = write_config(lambda d: d.update({field: value}))
+    result = plan(path)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: {field}.{next(iter(value))}: must not contain ':'" in result.output
+
+
+def test_home_of_no_such_user(write_config):
+    path = write_config(lambda d: d["ssh"].update(known_hosts="~no-such-user-here/.ssh/known_hosts"))
+    result = plan(path)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: ssh.known_hosts: ~no-such-user-here: no such user on this host" in result.output
