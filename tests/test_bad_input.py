@@ -167,3 +167,48 @@ def test_home_of_no_such_user(write_config):
     result = plan(path)
     assert result.exit_code == 2, result.output
     assert f"{path}: ssh.known_hosts: ~no-such-user-here: no such user on this host" in result.output
+
+
+# --- a local checkpoint that is not what it claims: the plan falls back on the profile's figures --
+
+SHAPE_JSON = '{"num_hidden_layers": 2, "kv_lora_rank": 512, "qk_rope_head_dim": 64}'
+SAFETENSORS_HEADER_ONLY = "model-00001-of-00001.safetensors"
+
+
+def shard(header: bytes) -> bytes:
+    return len(header).to_bytes(8, "little") + header
+
+
+@pytest.mark.parametrize("files, assumed", [
+    ({"config.json": b"[78]"}, "model shape: profile keys-1m-dcp4's figures ({d}/config.json: expected a JSON object"),
+    ({"config.json": b'{"num_hidden_layers": "78", "kv_lora_rank": 512, "qk_rope_head_dim": 64}'},
+     "model shape: profile keys-1m-dcp4's figures ({d}/config.json: num_hidden_layers is '78', expected a whole number"),
+    ({"config.json": b'{"num_hidden_layers": Infinity, "kv_lora_rank": 512, "qk_rope_head_dim": 64}'},
+     "{d}/config.json: num_hidden_layers is inf"),
+    ({"config.json": b'{"num_hidden_layers": 0, "kv_lora_rank": 512, "qk_rope_head_dim": 64}'},
+     "{d}/config.json: num_hidden_layers is 0, expected a whole number \u2265 1"),
+    ({"config.json": b'{"text_config": 5}'}, "{d}/config.json: expected a JSON object"),
+    ({"config.json": b'{"num_hidden_layers": "caf\xe9"}'}, "{d}/config.json: not JSON (UnicodeDecodeError"),
+    ({"config.json": b"[" * 100_000}, "{d}/config.json: not JSON (RecursionError"),
+    ({"model.safetensors.index.json": b"{}"}, "weights per rank: profile keys-1m-dcp4's figures "
+                                              "({d}/model.safetensors.index.json: no weight_map object"),
+    ({"model.safetensors.index.json": b'{"weight_map": {"x": 5}}'}, "index.json: weight_map names 5, not a shard"),
+    ({"model.safetensors.index.json": b'{"weight_map": {"x": "/etc/passwd"}}'}, "weight_map names '/etc/passwd'"),
+    ({SAFETENSORS_HEADER_ONLY: shard(b"[1]")}, "weights per rank: profile keys-1m-dcp4's figures "
+                                               f"({{d}}/{SAFETENSORS_HEADER_ONLY}: header is not a JSON object"),
+    ({SAFETENSORS_HEADER_ONLY: shard(b'{"w": {"dtype": "F16", "shape": [1]}}')},
+     f"{SAFETENSORS_HEADER_ONLY}: tensor 'w' has no valid data_offsets"),
+    ({SAFETENSORS_HEADER_ONLY: shard(b'{"w": {"data_offsets": [8, 2]}}')}, "tensor 'w' has no valid data_offsets"),
+    ({SAFETENSORS_HEADER_ONLY: shard(b'{"w": {"data_offsets": ["0", 2]}}')}, "tensor 'w' has no valid data_offsets"),
+])
+def test_malformed_local_checkpoint_falls_back_on_the_profile(write_config, tmp_path, files, assumed):
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(SHAPE_JSON)
+    for name, data in files.items():
+        (model / name).write_bytes(data)
+    result = plan(write_config(lambda d: d["model"].update(path=str(model))))
+    assert result.exit_code == 0, result.output
+    assert any(assumed.format(d=model) in line for line in json.loads(result.output)["assumed"]), result.output
