@@ -106,17 +106,25 @@ class Profile(Strict):
 
 
 
+# A profile is a file name stem in its directory: no path separators, no hidden files.
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+    try:
+        return sorted(p.stem for p in directory.glob("*.yaml"))
+    except OSError:  # a directory that cannot be listed holds no profile we can name
+        return []
 
 
 def load_profile(name: str, directory: Path = PROFILES_DIR, named_in: str = "") -> Profile:
     """The profile `name`; `named_in` says where it was asked for ("cluster.yaml: profile")."""
     path = directory / f"{name}.yaml"
-    if not path.exists():
+    if not PROFILE_NAME.fullmatch(name) or not _is_file(path):
         known = ", ".join(profile_names(directory)) or "none"
         where = f"{named_in}: " if named_in else ""
-        raise ConfigError([f"{where}profile {name!r}: no {path} (known profiles: {known})"])
+        why = f"no {path}" if PROFILE_NAME.fullmatch(name) else "not a profile name (letters, digits, . _ -)"
+        raise ConfigError([f"{where}profile {name!r}: {why} (known profiles: {known})"])
     profile = load_yaml_model(path, Profile, "profile").model_copy(update={"name": name})
     if profile.engine == "vllm":
         try:
@@ -126,3 +134,10 @@ def load_profile(name: str, directory: Path = PROFILES_DIR, named_in: str = "") 
                     if isinstance(e, vllm_flags.UnknownFlagError) else "")
             raise ConfigError([f"{path}: args: {e}{hint}"]) from None
     return profile
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name too long, a directory we may not enter
+        return False

@@ -212,3 +212,16 @@ def test_malformed_local_checkpoint_falls_back_on_the_profile(write_config, tmp_
     result = plan(write_config(lambda d: d["model"].update(path=str(model))))
     assert result.exit_code == 0, result.output
     assert any(assumed.format(d=model) in line for line in json.loads(result.output)["assumed"]), result.output
+
+
+# --- the profile's name and directory ------------------------------------------------------------
+
+@pytest.mark.parametrize("edit, shown", [
+    (lambda d: d.update(profile="x" * 300), "not a profile name"),  # was OSError: File name too long
+    (lambda d: d.update(profiles_dir="y" * 300), "(known profiles: none)"),
+])
+def test_profile_names_and_directories_that_cannot_be(write_config, edit, shown):
+    path = write_config(edit)
+    result = plan(path)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: profile: profile" in result.output and shown in result.output
