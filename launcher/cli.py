@@ -684,24 +684,22 @@ def prep(config_file, as_json, no_drop, wait_timeout, trust_new_hosts):
 @main.command("systemd-unit")
 @config_option
 @click.option("--user", default=None, help="who runs it (default: you)")
-@click.option("--timeout", type=int, default=1800, show_default=True, help="seconds `up` waits for the API")
+@click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
+              help="seconds `up` waits for the API")
 @friendly_errors
 def systemd_unit(config_file, user, timeout):
     """Print a systemd unit that runs `sparkstack up` on this control host after every boot."""
     import getpass
     import pathlib
 
-    import jinja2
+    from . import systemd_unit
 
     path = config_mod.config_path(config_file).resolve()
     loaded = config_mod.load(path)
-    templates = pathlib.Path(__file__).resolve().parent.parent / "templates"
-    unit = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True).get_template("sparkstack-up.service.j2")
-    click.echo(unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
-                           user=user or getpass.getuser(), workdir=path.parent, config=path,
-                           sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python
-                           timeout=timeout), nl=False)
+    click.echo(systemd_unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
+                                   user=user or getpass.getuser(), workdir=path.parent, config=path,
+                                   sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python
+                                   timeout=timeout), nl=False)
 
 
 from .sandbox.cli import sandbox  # noqa: E402  (its own group: sparkstack sandbox up|down|status)
