@@ -225,3 +225,44 @@ def test_profile_names_and_directories_that_cannot_be(write_config, edit, shown)
     result = plan(path)
     assert result.exit_code == 2, result.output
     assert f"{path}: profile: profile" in result.output and shown in result.output
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["up", "--timeout", "-5"], ["wait", "--timeout", "-5"],
+                                  ["logs", "--tail", "-5"]])
+def test_negative_timeouts_and_counts(args):
+    from conftest import EXAMPLE_CONFIG
+
+    result = invoke(*args, "-c", str(EXAMPLE_CONFIG))
+    assert result.exit_code == 2 and f"Invalid value for '{args[1]}'" in result.output
+
+
+def test_logs_of_a_rank_the_config_does_not_have():
+    from conftest import EXAMPLE_CONFIG
+
+    result = invoke("logs", "--rank", "99", "-c", str(EXAMPLE_CONFIG))
+    assert result.exit_code == 2
+    assert "Invalid value for '--rank': 99: the config has ranks 0..3" in result.output
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_fails_when_no_rank_answers(write_config, as_json):
+    """Every rank refuses SSH (a closed port on loopback): status says so and exits 1."""
+    port = closed_port()
+
+    def edit(d):
+        d["ranks"] = [{"address": "127.0.0.1", "port": port, "user": "spark"}]
+        d["overrides"]["engine_args"] = ["--tensor-parallel-size 1", "--decode-context-parallel-size 1"]
+        d["overrides"]["api_port"] = port
+    result = invoke("status", "-c", str(write_config(edit)), *(["--json"] if as_json else []))
+    assert result.exit_code == 1, result.output
+    assert "no rank answered (all 1 unreachable)" in result.output
