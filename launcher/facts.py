@@ -718,7 +718,8 @@ def _mismatch(value, hint, where: str) -> str | None:
     elif kind == "dict":
         if not isinstance(value, dict):
             return f"{where} is {value!r:.80}, expected an object"
-        children = ((x, h, f"{where}[{k!r:.40}]") for k, v in value.items() for x, h in ((k, parts[0]), (v, parts[1])))
+        children = ((x, h, f"{where}[{k!r:.40}]") for k, v in value.items()
+                    for x, h in ((k, parts[0]), (v, parts[1])))
     else:
         return None if _scalar_ok(value, hint) else f"{where} is {value!r:.80}, expected {hint.__name__}"
     return next((m for child in children if (m := _mismatch(*child))), None)
