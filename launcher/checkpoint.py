@@ -46,17 +46,26 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: dict, source: str = "config.json") -> "ModelShape":
-        config = config.get("text_config", config)
+        if isinstance(config, dict):
+            config = config.get("text_config", config)
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{source}: expected a JSON object of settings")
         missing = [k for k in ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim") if k not in config]
         if missing:
             raise CheckpointError(f"{source}: missing {', '.join(missing)} (not an MLA model?)")
-        return cls(
-            num_hidden_layers=int(config["num_hidden_layers"]),
-            num_nextn_predict_layers=int(config.get("num_nextn_predict_layers", 0)),
-            kv_lora_rank=int(config["kv_lora_rank"]),
-            qk_rope_head_dim=int(config["qk_rope_head_dim"]),
-            index_head_dim=int(config.get("index_head_dim", 0)),
-        )
+        return cls(**{key: _count(config, key, least, source) for key, least in _SHAPE_KEYS.items()})
+
+
+# config.json's keys for the shape, and the least each may be (absent optional ones are 0)
+_SHAPE_KEYS = {"num_hidden_layers": 1, "num_nextn_predict_layers": 0, "kv_lora_rank": 1,
+               "qk_rope_head_dim": 1, "index_head_dim": 0}
+
+
+def _count(config: dict, key: str, least: int, source: str) -> int:
+    value = config.get(key, 0)
+    if type(value) is not int or value < least:
+        raise CheckpointError(f"{source}: {key} is {value!r}, expected a whole number ≥ {least}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -71,19 +80,36 @@ class WeightSplit:
 
 def read_shape(model_dir: Path) -> ModelShape:
     path = model_dir / "config.json"
+    return ModelShape.from_config(_read_json(path), str(path))
+
+
+def _read_json(path: Path):
     try:
-        return ModelShape.from_config(json.loads(path.read_text()), str(path))
+        return json.loads(path.read_text())
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested beyond reading
+        raise CheckpointError(f"{path}: not JSON ({type(e).__name__}: {e})") from None
+
+
+def _index_names(index: Path) -> list[str]:
+    """The shard file names the index's weight_map points at."""
+    weight_map = _read_json(index)
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: no weight_map object (tensor name -> shard file)")
+    names = set(weight_map.values())
+    bad = sorted(repr(n) for n in names if not isinstance(n, str) or n in ("", ".", "..") or "/" in n or "\0" in n)
+    if bad:
+        raise CheckpointError(f"{index}: weight_map names {', '.join(bad[:3])}, not a shard file beside it")
+    return sorted(names)
 
 
 def shard_paths(model_dir: Path) -> list[Path]:
     """Shards named by the index when there is one, else every *.safetensors file."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = _index_names(index)
         # Files outside the index (seed 003's separate eh_proj shard) still hold weights.
         extra = {p.name for p in model_dir.glob("*.safetensors")} - set(names)
         names += sorted(extra)

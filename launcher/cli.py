@@ -477,7 +477,7 @@ trust_option = click.option("--trust-new-hosts", is_flag=True,
 @config_option
 @trust_option
 @click.option("--restart", is_flag=True, help="start again even if already running as planned")
-@click.option("--timeout", "wait_timeout", type=float, default=900, show_default=True,
+@click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started")
 @friendly_errors
 def up(config_file, trust_new_hosts, restart, wait_timeout):
@@ -548,11 +548,14 @@ def status(config_file, as_json, trust_new_hosts):
     data = {"ranks": [s.to_json() for s in states], "api": {"url": ep.url, "healthy": api.health(ep)}}
     if as_json:
         click.echo(json.dumps(data, indent=2))
-        return
-    for s in states:
-        out.print(f"rank {s.rank} {s.host:<16} {s.describe():<12} {s.image or ''}"
-                  + (f"  since {s.started_at}" if s.state == "running" else ""), markup=False)
-    out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
+    else:
+        for s in states:
+            out.print(f"rank {s.rank} {s.host:<16} {s.describe():<12} {s.image or ''}"
+                      + (f"  since {s.started_at}" if s.state == "running" else ""), markup=False)
+        out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
+    if all(s.state == "unreachable" for s in states):
+        raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
+                              "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
 
 
 @main.command()
@@ -560,7 +563,7 @@ def status(config_file, as_json, trust_new_hosts):
 @trust_option
 @click.option("--rank", "rank", type=int, default=0, show_default=True, help="whose logs")
 @click.option("-f", "--follow", is_flag=True, help="keep printing; Ctrl+C detaches, the model keeps running")
-@click.option("--tail", type=int, default=100, show_default=True, help="lines of history")
+@click.option("--tail", type=click.IntRange(min=0), default=100, show_default=True, help="lines of history")
 @friendly_errors
 def logs(config_file, trust_new_hosts, rank, follow, tail):
     """Show a rank's serving container log."""
@@ -568,8 +571,9 @@ def logs(config_file, trust_new_hosts, rank, follow, tail):
     from .plan import CONTAINER_NAME
 
     loaded = config_mod.load(config_mod.config_path(config_file))
-    if not 0 <= rank < len(loaded.cluster.ranks):
-        raise SparkstackError(f"--rank {rank}: the config has ranks 0..{len(loaded.cluster.ranks) - 1}")
+    if not 0 <= rank < len(loaded.cluster.ranks):  # bad input: exit 2, as click's own checks
+        raise click.BadParameter(f"{rank}: the config has ranks 0..{len(loaded.cluster.ranks) - 1}",
+                                 param_hint="'--rank'")
     with deploy.group_for(loaded, trust_new_hosts, lambda line: err.print(line)) as group:
         conn = group.connections[rank]
         command = f"docker logs --tail {tail} {'-f ' if follow else ''}{CONTAINER_NAME} 2>&1"
@@ -580,7 +584,7 @@ def logs(config_file, trust_new_hosts, rank, follow, tail):
 
 @main.command()
 @config_option
-@click.option("--timeout", "wait_timeout", type=float, default=900, show_default=True)
+@click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True)
 @friendly_errors
 def wait(config_file, wait_timeout):
     """Wait until rank 0's API answers: /health, then /v1/models, then one short completion."""
@@ -759,24 +763,22 @@ def prep(config_file, as_json, no_drop, wait_timeout, trust_new_hosts):
 @main.command("systemd-unit")
 @config_option
 @click.option("--user", default=None, help="who runs it (default: you)")
-@click.option("--timeout", type=int, default=1800, show_default=True, help="seconds `up` waits for the API")
+@click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
+              help="seconds `up` waits for the API")
 @friendly_errors
 def systemd_unit(config_file, user, timeout):
     """Print a systemd unit that runs `sparkstack up` on this control host after every boot."""
     import getpass
     import pathlib
 
-    import jinja2
+    from . import systemd_unit
 
     path = config_mod.config_path(config_file).resolve()
     loaded = config_mod.load(path)
-    templates = pathlib.Path(__file__).resolve().parent.parent / "templates"
-    unit = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True).get_template("sparkstack-up.service.j2")
-    click.echo(unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
-                           user=user or getpass.getuser(), workdir=path.parent, config=path,
-                           sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python
-                           timeout=timeout), nl=False)
+    click.echo(systemd_unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
+                                   user=user or getpass.getuser(), workdir=path.parent, config=path,
+                                   sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python
+                                   timeout=timeout), nl=False)
 
 
 from .sandbox.cli import sandbox  # noqa: E402  (its own group: sparkstack sandbox up|down|status)

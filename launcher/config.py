@@ -9,19 +9,40 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from ipaddress import IPv4Address, ip_address
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
+from pydantic import AfterValidator, Field, PositiveInt, field_validator, model_validator
 
 from . import redact, vllm_flags, vllm_guard
 from .errors import ConfigError, load_yaml_model
-from .profile import PROFILES_DIR, Profile, Strict, load_profile
+from .profile import PROFILES_DIR, EnvVars, Gib, Profile, Strict, load_profile
 
 DEFAULT_CONFIG = Path("cluster.yaml")
 
-UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+
+def _expand_user(path: Path) -> Path:
+    try:
+        return path.expanduser()
+    except RuntimeError:  # ~name of no user here
+        raise ValueError(f"{str(path).split('/')[0]}: no such user on this host") from None
+
+
+UserPath = Annotated[Path, AfterValidator(_expand_user)]
+
+
+def _mountable(path: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError("must be an absolute path, the same on every rank")
+    if ":" in path or "\0" in path:
+        raise ValueError("must not contain ':' or NUL (docker -v PATH:PATH:ro splits on ':'); "
+                         "rename the directory or mount it elsewhere")
+    return path
+
+
+MountPath = Annotated[str, AfterValidator(_mountable)]  # bind-mounted at the same path on every rank
 
 
 class SshSettings(Strict):
@@ -98,16 +119,9 @@ class NfsExport(Strict):
 
 
 class ModelSettings(Strict):
-    path: str
+    path: MountPath
     served_name: str | None = None  # default: the profile's
     nfs: NfsExport | None = None
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path, the same on every rank")
-        return v
 
 
 class ImageSettings(Strict):
@@ -128,9 +142,9 @@ class ContainerSettings(Strict):
 
 class Overrides(Strict):
     engine_args: list[str] = []
-    env: dict[str, str] = {}
-    headroom_gib: NonNegativeFloat = 8.0
-    runtime_overhead_gib: NonNegativeFloat = 14.0
+    env: EnvVars = {}
+    headroom_gib: Gib = 8.0
+    runtime_overhead_gib: Gib = 14.0
     # how far below vLLM's startup guard the planned --gpu-memory-utilization stays (vllm_guard.py)
     utilization_margin: float = Field(vllm_guard.MARGIN, ge=0, lt=1)
     api_port: int | None = Field(None, ge=1, le=65535)
@@ -172,15 +186,8 @@ class NcclSettings(Strict):
     """A host NCCL build used instead of the image's own (rings in the field run a newer or
     patched one): bind-mounted read-only at the same path and preloaded in the serving container."""
 
-    host_lib: str | None = None  # e.g. /opt/nccl-2.30.7/lib/libnccl.so.2, the same on every rank
-    env: dict[str, str] = {}  # that build's own switches, e.g. NCCL_SWITCHLESS_RING_ONLY: "1"
-
-    @field_validator("host_lib")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must be an absolute path, the same on every rank")
-        return v
+    host_lib: MountPath | None = None  # e.g. /opt/nccl-2.30.7/lib/libnccl.so.2, the same on every rank
+    env: EnvVars = {}  # that build's own switches, e.g. NCCL_SWITCHLESS_RING_ONLY: "1"
 
     @model_validator(mode="after")
     def _env_needs_lib(self):
@@ -260,6 +267,7 @@ def load(path: Path) -> Loaded:
     cluster: Cluster = load_yaml_model(path, Cluster, "cluster config")
     profile = load_profile(cluster.profile, _profiles_dir(cluster, path), f"{path}: profile")
     flags = _engine_flags(path, cluster, profile)
+    _check_sizes(path, cluster, profile, flags)
     _check_parallelism(path, cluster, flags)
     o = cluster.overrides
     redact.remember(o.api_key, *redact.secret_values(o.env, o.secret_env))
@@ -324,6 +332,37 @@ def _check_tensorfold(path: Path, cluster: Cluster, profile: Profile) -> None:
     if cluster.overrides.api_key:
         problems.append(f"{path}: overrides.api_key: TensorFold's server checks no API key (seed 001: "
                         "keep it on a private network); remove api_key for profile " + profile.name)
+    if problems:
+        raise ConfigError(problems)
+
+
+# Sizes vLLM's parser takes (any int) but its engine refuses: key -> (accepted?, what is expected).
+SIZE_FLAGS = {
+    "tensor_parallel_size": (lambda n: n >= 1, "1 or more (one GPU per rank)"),
+    "pipeline_parallel_size": (lambda n: n >= 1, "1 or more"),
+    "decode_context_parallel_size": (lambda n: n >= 1, "1 or more, dividing tensor parallel"),
+    "max_model_len": (lambda n: n >= 1 or n == -1, "a number of tokens (1 or more), or auto"),
+    "kv_cache_memory_bytes": (lambda n: n is None or n >= 1, "a number of bytes (1 or more), e.g. 14g"),
+}
+
+
+def _check_sizes(path: Path, cluster: Cluster, profile: Profile, flags: list[vllm_flags.Flag]) -> None:
+    """Refuse the sizes SIZE_FLAGS refuses, naming where each was set, before the plan divides by them."""
+    if profile.engine != "vllm":
+        return
+    ours = vllm_flags.split_lines(cluster.overrides.engine_args)
+    user = {f.key for f in vllm_flags.parse(ours, frozenset(profile.plugin_flags))}
+    problems = []
+    for key, (accepted, expected) in SIZE_FLAGS.items():
+        flag = next((f for f in flags if f.key == key), None)
+        if flag is None:
+            continue
+        where = f"{path}: overrides.engine_args" if key in user else f"{path}: profile {profile.name}"
+        try:
+            if not accepted(vllm_flags.converted(flags, key)):
+                problems.append(f"{where}: {shlex.join(flag.argv())}: expected {expected}")
+        except vllm_flags.FlagError as e:
+            problems.append(f"{where}: {e}")
     if problems:
         raise ConfigError(problems)
 

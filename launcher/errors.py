@@ -64,11 +64,17 @@ def describe(error: dict) -> str:
 def load_yaml_model(path: Path, model: type[BaseModel], what: str):
     """Parse a YAML file into `model`, turning every failure into a ConfigError naming the file."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError([f"{path}: no such {what} file"]) from None
     except OSError as e:
         raise ConfigError([f"{path}: cannot read ({e.strerror})"]) from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError([f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x}); save the "
+                           f"{what} file as UTF-8"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -76,6 +82,9 @@ def load_yaml_model(path: Path, model: type[BaseModel], what: str):
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([f"{path}{where}: malformed YAML: {problem}"]) from None
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise ConfigError([f"{path}: nested too deeply to read; a {what} file is a few levels "
+                           "deep (see env/cluster.example.yaml)"]) from None
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: expected a mapping of settings, got {type(data).__name__}"])
     try:

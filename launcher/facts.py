@@ -4,7 +4,9 @@ The probe (`launcher/probe.py`) runs once per rank and prints raw outputs; every
 is pure -- raw text or a raw dict in, a frozen dataclass out -- so each is tested on real-format
 output without a rank (tests/facts_cases/*.json, pyinfra-style). `parse_facts` assembles them
 and turns every missing or broken source into a line of `Facts.problems` rather than an
-exception: `check` shows what it can and says what it could not see.
+exception: `check` shows what it can and says what it could not see. Output in a shape the probe
+never prints (wrong types, extra structure) is a ShapeError naming the part, checked against the
+types the dataclasses declare: that rank fails, never `check` or the plan further on.
 
 The probe's contract (`invocation` builds it): the caller runs exactly ONE command,
 `python3 - '<args JSON>'`, with the probe's source on stdin, and reads one JSON object from
@@ -16,10 +18,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import shlex
+import types
+import typing
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
+from functools import cache
+from ipaddress import IPv4Address, IPv6Address, ip_interface
 from pathlib import Path, PurePosixPath
 
 PROBE_SOURCE = Path(__file__).with_name("probe.py")
@@ -30,6 +36,11 @@ KIT_LABEL_PREFIX = "org.sparkstack."
 
 class FactError(ValueError):
     """Raw output that does not have the expected shape."""
+
+
+class ShapeError(FactError):
+    """A part of the probe's output in a shape the probe never prints (wrong types, missing or
+    extra structure): the rank's facts cannot be trusted, so the rank fails, naming the part."""
 
 
 # --- the facts ---------------------------------------------------------------------------------
@@ -300,6 +311,8 @@ def parse_meminfo(text: str) -> Memory:
     missing = [k for k in ("MemTotal", "MemAvailable") if k not in values]
     if missing:
         raise FactError(f"/proc/meminfo: no {', '.join(missing)}")
+    if values["MemTotal"] == 0:  # vLLM's guard divides by it
+        raise FactError("/proc/meminfo: MemTotal is 0")
     return Memory(values["MemTotal"], values["MemAvailable"], values.get("MemFree", 0),
                   values.get("Cached", 0), values.get("Buffers", 0), values.get("SwapTotal", 0),
                   values.get("SwapFree", 0))
@@ -329,8 +342,12 @@ def parse_docker_ulimits(daemon_json: str | dict | None, dockerd_limits: str | d
             conf = json.loads(daemon_json)
         except json.JSONDecodeError as e:
             raise FactError(f"/etc/docker/daemon.json: not JSON ({e})") from None
-        for name, v in sorted((conf.get("default-ulimits") or {}).items()):
-            defaults[name] = Limit(int(v.get("Soft", UNLIMITED)), int(v.get("Hard", UNLIMITED)))
+        try:  # a file people write by hand: a wrong shape is a finding, not the rank's failure
+            for name, v in sorted((conf.get("default-ulimits") or {}).items()):
+                defaults[name] = Limit(int(v.get("Soft", UNLIMITED)), int(v.get("Hard", UNLIMITED)))
+        except (AttributeError, TypeError, ValueError, OverflowError) as e:
+            raise FactError(f"/etc/docker/daemon.json: default-ulimits is not "
+                            f'{{"name": {{"Soft": n, "Hard": n}}}} ({e})') from None
     daemon = None
     if isinstance(dockerd_limits, str):
         found: dict[str, Limit] = {}
@@ -386,8 +403,24 @@ def parse_interfaces(ip_addr: dict | None, sysfs_net: dict, ip_addr_file: str | 
             speed=speed if speed is not None and speed > 0 else None,
             mtu=_int(sys_.get("mtu")) or link.get("mtu"),
             mac=_text(sys_.get("address")) or link.get("address"),
-            ipv4=tuple(f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet"),
-            ipv6=tuple(f"{a['local']}/{a['prefixlen']}" for a in addrs if a.get("family") == "inet6")))
+            ipv4=_addresses(name, addrs, "inet", 4), ipv6=_addresses(name, addrs, "inet6", 6)))
+    return tuple(out)
+
+
+def _addresses(name: str, addrs: list[dict], family: str, version: int) -> tuple[str, ...]:
+    """`ip -j addr`'s addresses of one family as "address/prefix"."""
+    out = []
+    for a in addrs:
+        if a.get("family") != family:
+            continue
+        text = f"{a['local']}/{a['prefixlen']}"
+        try:
+            valid = ip_interface(text).version == version
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ShapeError(f"{name}: {text!r:.60} is not an IPv{version} address with its prefix length")
+        out.append(text)
     return tuple(out)
 
 
@@ -615,73 +648,157 @@ def _command_problem(name: str, result: dict | None) -> str | None:
     return None
 
 
-def parse_facts(raw: dict, sent: float | None = None, received: float | None = None) -> Facts:
-    """The probe's whole output into Facts. `sent`/`received` are the caller's time.time()
-    around the command, for the clock offset. Raises FactError only for output that is not the
-    probe's at all; a bad part becomes a line of `problems`."""
-    if not isinstance(raw, dict) or "fatal" in raw:
-        raise FactError(f"probe failed: {raw.get('fatal') if isinstance(raw, dict) else raw!r}")
-    if raw.get("probe_version") != PROBE_VERSION:
-        raise FactError(f"probe version {raw.get('probe_version')!r}, expected {PROBE_VERSION}")
-    problems: list[str] = []
-    cmds = raw.get("commands", {})
-
-    def attempt(what: str, fn, *args, default=None):
-        try:
-            return fn(*args)
-        except (FactError, KeyError, TypeError, ValueError) as e:
-            problems.append(f"{what}: {e}")
-            return default
-
-    api = raw.get("docker_api")
-    for name, key in (("ip", "ip_addr"), ("findmnt", "findmnt"), ("nvidia-smi", "nvidia_smi")) + (
-            () if api else (("docker", "docker_version"),)):
-        problem = _command_problem(name, cmds.get(key))
-        if problem:
-            problems.append(problem)
+def _source_problems(raw: dict) -> tuple[str, ...]:
+    """One line per source the rank could not read: a command missing or failing, the daemon
+    not answering, no RDMA class, the checkpoint or /proc/meminfo unreadable."""
+    cmds, api = raw.get("commands", {}), raw.get("docker_api")
+    named = (("ip", "ip_addr"), ("findmnt", "findmnt"), ("nvidia-smi", "nvidia_smi"))
+    problems = [_command_problem(name, cmds.get(key))
+                for name, key in named + (() if api else (("docker", "docker_version"),))]
     if api:
-        problem = _api_problem(api)
-        if problem:
-            problems.append(problem)
+        problems.append(_api_problem(api))
     elif _command_problem("docker", cmds.get("docker_version")) is None:  # else said once above
-        for name, key in (("docker images", "docker_images"), ("docker image inspect", "docker_inspect")):
-            problem = _command_problem(name, cmds.get(key))
-            if problem:
-                problems.append(problem)
+        problems += [_command_problem(name, cmds.get(key)) for name, key in
+                     (("docker images", "docker_images"), ("docker image inspect", "docker_inspect"))]
     if raw.get("sysfs_infiniband") is None:
         problems.append("/sys/class/infiniband: absent (no RDMA devices, or the RDMA modules are not loaded)")
     ckpt = raw.get("checkpoint")
     if ckpt and "error" in ckpt:
         problems.append(f"checkpoint {ckpt['dir']}: {ckpt['error']}")
-    meminfo = raw.get("meminfo")
-    memory = attempt("/proc/meminfo", parse_meminfo, meminfo) if isinstance(meminfo, str) else None
-    if not isinstance(meminfo, str):
+    if not isinstance(raw.get("meminfo"), str):
         problems.append("/proc/meminfo: unreadable")
-    model_mounts = attempt("findmnt (model dir)", parse_mounts, cmds.get("findmnt_model"), default=())
+    return tuple(p for p in problems if p)
+
+
+# --- every part checked against the types Facts declares ---------------------------------------
+
+# what a parser may raise on output of an unexpected shape
+_SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError)
+
+
+@cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+@cache
+def _shape(hint) -> tuple[str, object]:
+    """How a value is checked against the annotation `hint`, worked out once per annotation."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return "union", args
+    if dataclasses.is_dataclass(hint):
+        return "dataclass", tuple((f.name, _hints(hint)[f.name]) for f in dataclasses.fields(hint))
+    if origin is tuple:
+        return ("items", args[0]) if args[-1:] == (Ellipsis,) else ("fixed", args)
+    return ("dict", args) if origin is dict else ("scalar", hint)
+
+
+def _mismatch(value, hint, where: str) -> str | None:
+    """How `value` is not of the annotated type `hint`, or None when it is. `check` and the plan
+    trust these types, so a wrong one must stop here."""
+    kind, parts = _shape(hint)
+    if kind == "union":
+        rest = [arg for arg in parts if arg is not type(None)]
+        if value is None and len(rest) < len(parts):
+            return None
+        if len(rest) == 1:  # X | None: say what is wrong inside X
+            return _mismatch(value, rest[0], where)
+        ok = any(_mismatch(value, arg, where) is None for arg in rest)
+        return None if ok else f"{where} is {value!r:.80}, expected {hint}"
+    if kind == "dataclass":
+        if not isinstance(value, hint):
+            return f"{where} is {value!r:.80}, expected {hint.__name__}"
+        children = ((getattr(value, name), h, f"{where}.{name}") for name, h in parts)
+    elif kind in ("items", "fixed"):
+        items = (parts,) * len(value) if kind == "items" and isinstance(value, tuple) else parts
+        if not isinstance(value, tuple) or len(items) != len(value):
+            return f"{where} is {value!r:.80}, expected a list" + (f" of {len(items)}" if kind == "fixed" else "")
+        children = ((v, h, f"{where}[{i}]") for i, (v, h) in enumerate(zip(value, items)))
+    elif kind == "dict":
+        if not isinstance(value, dict):
+            return f"{where} is {value!r:.80}, expected an object"
+        children = ((x, h, f"{where}[{k!r:.40}]") for k, v in value.items()
+                    for x, h in ((k, parts[0]), (v, parts[1])))
+    else:
+        return None if _scalar_ok(value, hint) else f"{where} is {value!r:.80}, expected {hint.__name__}"
+    return next((m for child in children if (m := _mismatch(*child))), None)
+
+
+def _scalar_ok(value, hint) -> bool:
+    if hint is float:  # JSON gives ints for whole seconds; NaN and infinities are no time
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is int:
+        return type(value) is int
+    return value is None if hint is type(None) else isinstance(value, hint)
+
+
+def _part(what: str, field: str, fn, *args):
+    """Facts.<field> from its part of the output. A FactError the parser raises (the rank could not
+    read a source) passes on as `what: ...`; anything else is a ShapeError naming the part."""
+    try:
+        value = fn(*args)
+    except FactError as e:
+        raise type(e)(str(e) if str(e).startswith(what) else f"{what}: {e}") from None
+    except _SHAPE_ERRORS as e:
+        raise ShapeError(f"{what}: output of an unexpected shape ({type(e).__name__}: {e})") from None
+    wrong = _mismatch(value, _hints(Facts)[field], field)
+    if wrong:
+        raise ShapeError(f"{what}: {wrong}")
+    return value
+
+
+# --- the whole probe output --------------------------------------------------------------------
+
+def parse_facts(raw: dict, sent: float | None = None, received: float | None = None) -> Facts:
+    """The probe's whole output into Facts. `sent`/`received` are the caller's time.time()
+    around the command, for the clock offset. A source the rank could not read becomes a line
+    of `problems`; output that is not the probe's, or a part of it in a shape the probe never
+    prints, raises FactError (ShapeError) naming the part: that rank fails, the others stay."""
+    if not isinstance(raw, dict) or "fatal" in raw:
+        raise FactError(f"probe failed: {raw.get('fatal') if isinstance(raw, dict) else raw!r:.200}")
+    if raw.get("probe_version") != PROBE_VERSION:
+        raise FactError(f"probe version {raw.get('probe_version')!r:.40}, expected {PROBE_VERSION}")
+    if not isinstance(raw.get("commands", {}), dict):
+        raise ShapeError("commands: expected an object of command results")
+    problems = list(_part("probe output", "problems", _source_problems, raw))
+    cmds, api = raw.get("commands", {}), raw.get("docker_api")
+
+    def attempt(what: str, field: str, fn, *args, default=None):
+        try:
+            return _part(what, field, fn, *args)
+        except ShapeError:
+            raise
+        except FactError as e:
+            problems.append(str(e))
+            return default
+
+    meminfo = raw.get("meminfo")
+    docker_root = raw.get("disk_docker_root", "/var/lib/docker")
+    model_mounts = attempt("findmnt (model dir)", "mounts", parse_mounts, cmds.get("findmnt_model"), default=())
     return Facts(
-        hostname=raw.get("hostname", ""),
-        kernel=raw.get("kernel", ""),
-        memory=memory,
-        sysctls=parse_sysctls(raw.get("sysctls", {})),
-        ulimits=parse_rlimits(raw.get("rlimits", {})),
-        docker_ulimits=attempt("docker ulimits", parse_docker_ulimits, raw.get("docker_daemon_json"),
-                               raw.get("dockerd_limits"), default=DockerUlimits({}, None)),
-        interfaces=attempt("interfaces", parse_interfaces, cmds.get("ip_addr"), raw.get("sysfs_net", {}),
-                           raw.get("ip_addr_file"), default=()),
-        rdma=attempt("rdma", parse_rdma, raw.get("sysfs_infiniband")),
-        docker=(attempt("docker", parse_docker_api, api, raw.get("disk_docker_root", "/var/lib/docker"),
-                        raw.get("disk", {})) if api else
-                attempt("docker", parse_docker, cmds.get("docker_version", {"missing": True}),
-                        cmds.get("docker_images"), cmds.get("docker_inspect"),
-                        raw.get("disk_docker_root", "/var/lib/docker"), raw.get("disk", {}))),
-        mounts=attempt("findmnt", parse_mounts, cmds.get("findmnt"), default=()),
+        hostname=_part("hostname", "hostname", raw.get, "hostname", ""),
+        kernel=_part("kernel", "kernel", raw.get, "kernel", ""),
+        memory=attempt("/proc/meminfo", "memory", parse_meminfo, meminfo) if isinstance(meminfo, str) else None,
+        sysctls=_part("sysctls", "sysctls", parse_sysctls, raw.get("sysctls", {})),
+        ulimits=_part("rlimits", "ulimits", parse_rlimits, raw.get("rlimits", {})),
+        docker_ulimits=attempt("docker ulimits", "docker_ulimits", parse_docker_ulimits,
+                               raw.get("docker_daemon_json"), raw.get("dockerd_limits"),
+                               default=DockerUlimits({}, None)),
+        interfaces=attempt("interfaces", "interfaces", parse_interfaces, cmds.get("ip_addr"),
+                           raw.get("sysfs_net", {}), raw.get("ip_addr_file"), default=()),
+        rdma=attempt("rdma", "rdma", parse_rdma, raw.get("sysfs_infiniband")),
+        docker=(attempt("docker", "docker", parse_docker_api, api, docker_root, raw.get("disk", {})) if api else
+                attempt("docker", "docker", parse_docker, cmds.get("docker_version", {"missing": True}),
+                        cmds.get("docker_images"), cmds.get("docker_inspect"), docker_root, raw.get("disk", {}))),
+        mounts=attempt("findmnt", "mounts", parse_mounts, cmds.get("findmnt"), default=()),
         model_mount=model_mounts[0] if model_mounts else None,
-        checkpoint=parse_checkpoint(ckpt),
-        gpu=attempt("nvidia-smi", parse_gpu, cmds.get("nvidia_smi")),
-        disks=parse_disks(raw.get("disk", {})),
-        clock=parse_clock(raw.get("clock", {"started": 0.0}), sent, received),
+        checkpoint=_part("checkpoint", "checkpoint", parse_checkpoint, raw.get("checkpoint")),
+        gpu=attempt("nvidia-smi", "gpu", parse_gpu, cmds.get("nvidia_smi")),
+        disks=_part("disk", "disks", parse_disks, raw.get("disk", {})),
+        clock=_part("clock", "clock", parse_clock, raw.get("clock", {"started": 0.0}), sent, received),
         problems=tuple(problems),
-        ssh_address=parse_ssh_connection(raw.get("ssh_connection")),
-        default_route_if=parse_default_route(raw.get("route")),
-        nccl_lib=parse_nccl_lib(raw.get("nccl_lib")),
+        ssh_address=_part("ssh_connection", "ssh_address", parse_ssh_connection, raw.get("ssh_connection")),
+        default_route_if=_part("route", "default_route_if", parse_default_route, raw.get("route")),
+        nccl_lib=_part("nccl_lib", "nccl_lib", parse_nccl_lib, raw.get("nccl_lib")),
     )

@@ -65,10 +65,15 @@ def probe_rank(conn: Connection, loaded: Loaded, timeout: float = PROBE_TIMEOUT_
     if not result.ok:
         return RankFacts(t.rank, t.label, None, _why(result), result.seconds)
     try:
-        parsed = facts_mod.parse_facts(json.loads(result.stdout), sent, received)
-    except (json.JSONDecodeError, FactError) as e:
+        raw = json.loads(result.stdout)
+    except (ValueError, RecursionError) as e:
         return RankFacts(t.rank, t.label, None, f"{t.name}: the probe's output is unreadable ({e}); "
                          "is python3 (3.8+) installed on the rank?", result.seconds)
+    try:
+        parsed = facts_mod.parse_facts(raw, sent, received)
+    except FactError as e:  # a part in a shape the probe never prints: this rank alone fails
+        return RankFacts(t.rank, t.label, None, f"{t.name}: the probe's output cannot be used: {e}",
+                         result.seconds)
     return RankFacts(t.rank, t.label, parsed, None, result.seconds)
 
 

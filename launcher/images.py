@@ -445,6 +445,14 @@ def context_tar(stage: RenderedStage) -> bytes:
 def write_contexts(chain: Chain, out_dir: Path) -> list[Path]:
     """`--render-only`: each stage's build context under out_dir/<stage>/ (build it by hand with
     `docker build out_dir/<stage>`), and TAGS listing stage and tag."""
+    try:
+        return _write_contexts(chain, out_dir)
+    except OSError as e:  # e.g. /proc, a read-only mount, a file where a directory goes
+        raise ConfigError([f"--render-only {out_dir}: cannot write {e.filename or out_dir} ({e.strerror}); "
+                           "name a directory you can write"]) from None
+
+
+def _write_contexts(chain: Chain, out_dir: Path) -> list[Path]:
     written = []
     for stage in chain.stages:
         d = out_dir / stage.name

@@ -28,6 +28,7 @@ FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCK
 # Every container's environment travels on stdin (env_file), never as `-e` on a command line,
 # where `ps` on the rank would show each value to every local user.
 ENV_FROM_STDIN = ["--env-file", "/dev/stdin"]
+AUTO = -1  # vLLM's --max-model-len auto (also written -1)
 
 
 @dataclass(frozen=True)
@@ -201,12 +202,12 @@ def memory_need(loaded: Loaded, model: ModelFacts | None = None) -> MemoryNeed:
     dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
     weights = _weights(loaded, model, mtp, assumed)
     bpt = kv.bytes_per_token(model.shape, profile.kv.layout, mtp=mtp, dcp=dcp)
-    fixed = vllm_flags.value(flags, "kv_cache_memory_bytes")
-    max_len = vllm_flags.value(flags, "max_model_len")
+    fixed = vllm_flags.converted(flags, "kv_cache_memory_bytes")
+    max_len = vllm_flags.converted(flags, "max_model_len")
     if fixed:
-        kv_min, kv_why = parse_human_int(fixed), "the profile's --kv-cache-memory-bytes"
+        kv_min, kv_why = fixed, "the profile's --kv-cache-memory-bytes"
     else:
-        tokens = parse_human_int(max_len) if max_len else 1
+        tokens = max_len if max_len and max_len > 0 else 1  # -1: auto, whatever fits
         kv_min, kv_why = tokens * bpt, f"{tokens:,} tokens at {bpt:,} B/token"
     o = cluster.overrides
     return MemoryNeed(weights, int(o.runtime_overhead_gib * kv.GIB), int(o.headroom_gib * kv.GIB),
@@ -264,13 +265,16 @@ def _size_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int
     o = cluster.overrides
     budget = kv.KvBudget(smallest, weights, int(o.runtime_overhead_gib * kv.GIB), int(o.headroom_gib * kv.GIB))
     bpt = kv.bytes_per_token(model.shape, profile.kv.layout, mtp=mtp, dcp=dcp)
-    fixed = vllm_flags.value(flags, "kv_cache_memory_bytes")
-    max_len = vllm_flags.value(flags, "max_model_len")
+    max_len = vllm_flags.converted(flags, "max_model_len")
     try:
-        return kv.size_kv(bpt, budget, parse_human_int(max_len) if max_len else None,
-                          parse_human_int(fixed) if fixed else None)
+        sizing = kv.size_kv(bpt, budget, None if max_len == AUTO else max_len,
+                            vllm_flags.converted(flags, "kv_cache_memory_bytes"))
     except kv.KvDoesNotFit as e:
         raise PlanRefused(f"profile {profile.name} does not fit: {e}") from None
+    if max_len == AUTO:
+        assumed.append(f"--max-model-len auto: vLLM picks the longest context that fits the KV "
+                       f"cache (and the model's own limit): {sizing.max_tokens:,} tokens by this plan")
+    return sizing
 
 
 def _weights(loaded: Loaded, model: ModelFacts, mtp: bool, assumed: list[str]) -> int:
@@ -294,15 +298,6 @@ def _mtp_enabled(flags: list[vllm_flags.Flag]) -> bool:
     except (json.JSONDecodeError, AttributeError):
         return False
     return "mtp" in str(method)
-
-
-def parse_human_int(text: str) -> int:
-    """vLLM's human-readable integers: 1k = 1000, 1K = 1024, 1m = 10^6, 1M = 2^20, 1g/1G alike."""
-    text = text.strip().replace("_", "")
-    units = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def serving_image(loaded: Loaded) -> tuple[str, list[str]]:

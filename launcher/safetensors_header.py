@@ -38,9 +38,16 @@ def read_header(path: Path) -> dict[str, dict]:
         blob = f.read(length)
     try:
         header = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested beyond reading
         raise HeaderError(f"{path}: header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise HeaderError(f"{path}: header is not a JSON object")
     header.pop("__metadata__", None)
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise HeaderError(f"{path}: tensor {name!r} has no valid data_offsets [start, end]")
     return header
 
 

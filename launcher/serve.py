@@ -38,7 +38,7 @@ class RankState:
 
     rank: int
     host: str
-    state: str                 # running | exited | created | absent | unreachable
+    state: str                 # running | exited | created | absent | unreachable | unknown
     exit_code: int | None = None
     oom_killed: bool = False
     started_at: str | None = None
@@ -50,8 +50,8 @@ class RankState:
         return asdict(self)
 
     def describe(self) -> str:
-        if self.state == "unreachable":
-            return self.error or "unreachable"
+        if self.state in ("unreachable", "unknown"):
+            return self.error or self.state
         if self.oom_killed:
             return f"killed by the kernel's OOM killer (exit {self.exit_code}): the rank ran out of memory"
         if self.state == "exited":
@@ -82,13 +82,27 @@ def _parse_state(result: Result) -> RankState:
     t = result.target
     if result.error or result.exit_status != 0:
         return RankState(t.rank, t.address, "unreachable", error=result.why())
-    line = result.stdout.strip()
+    lines = result.stdout.strip().splitlines()
+    line = lines[-1] if lines else ""  # what a login shell prints first (a banner) is not ours
     if line == "absent":
         return RankState(t.rank, t.address, "absent")
+    try:
+        return _state_of(result, line)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON errors are ValueErrors
+        return RankState(t.rank, t.address, "unknown", error=f"{t.name}: `docker inspect` printed "
+                         f"{line!r:.200}, not the container's state ({e})")
+
+
+def _state_of(result: Result, line: str) -> RankState:
+    """One `_INSPECT` line: State as JSON, the plan label, the image, tab-separated."""
     state_json, label, image = line.split("\t")
     state = json.loads(state_json)
-    return RankState(t.rank, t.address, state["Status"], state.get("ExitCode"),
-                     bool(state.get("OOMKilled")), state.get("StartedAt"), image, label or None)
+    status, code, started = state["Status"], state.get("ExitCode"), state.get("StartedAt")
+    if not isinstance(status, str) or type(code) not in (int, type(None)) \
+            or type(started) not in (str, type(None)):
+        raise ValueError("State.Status, ExitCode or StartedAt of another type")
+    t = result.target
+    return RankState(t.rank, t.address, status, code, bool(state.get("OOMKilled")), started, image, label or None)
 
 
 def states(group: Group) -> list[RankState]:

@@ -202,5 +202,17 @@ def value(flags: list[Flag], key: str) -> str | None:
     return None
 
 
+def converted(flags: list[Flag], key: str):
+    """What vLLM's own parser makes of the value set for `key` (e.g. `auto` -> -1 for
+    --max-model-len, `None` -> None for --kv-cache-memory-bytes), or None when absent."""
+    flag = next((f for f in flags if f.key == key), None)
+    if flag is None or not flag.values:
+        return None
+    try:
+        return standin_vllm.converter(table()[flag.name])(flag.values[0])
+    except (argparse.ArgumentTypeError, TypeError, ValueError):  # a plugin flag taken as written
+        raise FlagError(f"{flag.name}: invalid value {flag.values[0]!r}") from None
+
+
 def render(flags: list[Flag]) -> list[str]:
     return [token for flag in flags for token in flag.argv()]

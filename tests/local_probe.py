@@ -23,16 +23,11 @@ def run_probe(args: dict, env: dict | None = None) -> dict:
     return json.loads(done.stdout)
 
 
-def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
-    """Sandbox rank r's fixture sysfs and `ip addr` written under root, then probed and parsed;
-    its memory is the sandbox rank's GB10 meminfo. The `ip addr` also holds what a sandbox rank's
-    real one shows beside the fixture's: its management address on eth0 (the sandbox's Docker
-    network, the config's `address`)."""
+def sandbox_rank_raw(root: Path, r: int) -> dict:
+    """The probe's raw output for sandbox rank r's fixture sysfs and `ip addr`, written under root.
+    The `ip addr` also holds what a sandbox rank's real one shows beside the fixture's: its
+    management address on eth0 (the sandbox's Docker network, the config's `address`)."""
     from launcher.sandbox import cluster, fabric as sfabric
-
-    import dataclasses
-
-    from launcher.sandbox import meminfo
 
     sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
     net = ipaddress.ip_network(cluster.DEFAULT_SUBNET)
@@ -40,6 +35,15 @@ def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
             "addr_info": [{"family": "inet", "local": cluster.rank_address(r, net),
                            "prefixlen": net.prefixlen, "scope": "global"}]}
     (root / "ip-addr.json").write_text(json.dumps([eth0] + sfabric.ip_addr_json(r)))
-    found = facts.parse_facts(run_probe(facts.probe_args(str(root / "sysfs"))))
-    # what the rank's /proc/meminfo shows (a GB10's), not this host's
+    return run_probe(facts.probe_args(str(root / "sysfs")))
+
+
+def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
+    """Sandbox rank r's facts (sandbox_rank_raw, parsed); its memory is the sandbox rank's GB10
+    meminfo, what the rank's /proc/meminfo shows, not this host's."""
+    import dataclasses
+
+    from launcher.sandbox import meminfo
+
+    found = facts.parse_facts(sandbox_rank_raw(root, r))
     return dataclasses.replace(found, memory=facts.parse_meminfo(meminfo.meminfo(r)))

@@ -293,3 +293,13 @@ def test_plan_without_patches_keeps_the_placeholder(write_config, tmp_path):
 def test_context_tar_is_deterministic(patches):
     stage = render(FOUR, patches).stage("dcp")
     assert images.context_tar(stage) == images.context_tar(stage)
+
+
+@pytest.mark.parametrize("where", ["/proc", "a-file/sub"])
+def test_render_only_into_a_directory_that_cannot_be_written(write_config, patches, tmp_path, where):
+    (tmp_path / "a-file").write_text("not a directory\n")
+    out = tmp_path / where  # /proc stays /proc
+    path = write_config(lambda d: d.update(images={"patches_dir": str(patches)}))
+    result = CliRunner().invoke(main, ["build", "-c", str(path), "--render-only", str(out)])
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2, result.exception
+    assert f"--render-only {out}: cannot write" in result.output
