@@ -85,11 +85,18 @@ def _rank_name(value: str) -> str:
     return value
 
 
-def _jump(value: str) -> str:
+def split_jump(value: str) -> tuple[str | None, str, str | None]:
+    """A jump host `[user@]host[:port]` as (user, host, port); a part not given is None. The one
+    reading of it, for the validator, the SSH connection and the Ansible inventory."""
     user, at, hostport = value.rpartition("@")
     host, colon, port = hostport.partition(":")
-    if ((at and not _USER.fullmatch(user)) or not is_host(host)
-            or (colon and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535))):
+    return (user if at else None), host, (port if colon else None)
+
+
+def _jump(value: str) -> str:
+    user, host, port = split_jump(value)
+    if ((user is not None and not _USER.fullmatch(user)) or not is_host(host)
+            or (port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535))):
         raise ValueError("expected host, user@host, host:port or user@host:port, e.g. "
                          "admin@bastion.lan:22 (a host name or an IPv4 address; a port from 1 to 65535)")
     return value

@@ -21,6 +21,7 @@ import shlex
 import yaml
 
 from . import node_settings as ns
+from .config import split_jump
 from .errors import SparkstackError
 
 GROUP = "spark"
@@ -65,8 +66,7 @@ def ssh_args(cluster, rank) -> str:
     strict = ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
     args = list(strict)
     if rank.jump:
-        user, _, hostport = rank.jump.rpartition("@")
-        host, _, port = hostport.partition(":")
+        user, host, port = split_jump(rank.jump)
         inner = ["ssh", *strict, "-p", port or "22"]
         if rank.key:
             inner += ["-i", str(rank.key)]

@@ -33,6 +33,7 @@ import paramiko
 from tenacity import (RetryCallState, retry, retry_if_exception, stop_after_attempt, stop_when_event_set,
                       wait_exponential)
 
+from .config import split_jump
 from .errors import SparkstackError
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
@@ -248,8 +249,7 @@ class Connection:
         """A direct-tcpip channel through the jump host, verified like any other host."""
         if not self.target.jump:
             return None
-        user, _, hostport = self.target.jump.rpartition("@")
-        host, _, port = hostport.partition(":")
+        user, host, port = split_jump(self.target.jump)
         jump = Connection(Target(self.target.rank, f"jump {host}", host, int(port or 22),
                                  user or self.target.user, self.target.key),
                           self.known_hosts, trust_new=self.trust_new, timeout=self.timeout,
