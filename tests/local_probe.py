@@ -14,11 +14,23 @@ from pathlib import Path
 from launcher import facts
 
 
+def local_command(command: str, script: Path) -> str:
+    """A rank's `python3 - ARGS` (the script on stdin) as this interpreter running the same script
+    from its file: the same code and argv, and the coverage report can name the lines it ran."""
+    assert command.startswith("python3 - "), command
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {command[len('python3 - '):]}"
+
+
+def coverage_env() -> dict:
+    """What a subprocess with a bare environment needs to be measured by the coverage run."""
+    return {k: v for k, v in os.environ.items() if k.startswith("COVERAGE_")}
+
+
 def run_probe(args: dict, env: dict | None = None) -> dict:
     """The probe's raw JSON; `env` is laid over this process's environment."""
-    command, stdin = facts.invocation(args)
-    done = subprocess.run(command.replace("python3", shlex.quote(sys.executable), 1), shell=True,
-                          input=stdin, capture_output=True, env={**os.environ, **(env or {})}, timeout=60)
+    command, _ = facts.invocation(args)
+    done = subprocess.run(local_command(command, facts.PROBE_SOURCE), shell=True,
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=60)
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout)
 

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from local_probe import run_probe, sandbox_rank_facts
+from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
 from launcher import check, config, facts, gather, plan
 from launcher.cli import main
 from launcher.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
@@ -427,13 +427,13 @@ def test_pinger_answers_unroutable_targets_without_a_ping(tmp_path):
                     "echo '1 packets transmitted, 1 received, 0% packet loss, time 0ms'\n")
     fake.chmod(0o755)
     targets = [check.PingTarget(1, "127.0.0.2", "link", 8972), check.PingTarget(2, "0.0.0.1", "fabric", None)]
-    command, stdin = check.extras_invocation(targets)
+    command, _ = check.extras_invocation(targets)
 
     def run(path):
         # in a network namespace of its own (only loopback, up): nothing else is routed
-        script = f"{shutil.which('ip')} link set lo up && " + command.replace("python3", shlex.quote(sys.executable), 1)
-        done = subprocess.run([shutil.which("unshare"), "-n", "/bin/sh", "-c", script], input=stdin,
-                              capture_output=True, env={"PATH": path}, timeout=30)
+        script = f"{shutil.which('ip')} link set lo up && " + local_command(command, check.PINGER_SOURCE)
+        done = subprocess.run([shutil.which("unshare"), "-n", "/bin/sh", "-c", script],
+                              capture_output=True, env={"PATH": path, **coverage_env()}, timeout=30)
         assert done.returncode == 0, done.stderr
         return check.parse_extras(done.stdout.decode(), targets)
 
