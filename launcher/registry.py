@@ -107,9 +107,9 @@ class LocalRegistry:
         }))
         with open(workdir / "registry.log", "wb") as log:  # the registry keeps its own copy
             self._process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log)
-        self._wait_ready(workdir / "registry.log")
+        self._wait_ready(binary, workdir / "registry.log")
 
-    def _wait_ready(self, log: Path) -> None:
+    def _wait_ready(self, binary: str, log: Path) -> None:
         timeout = READY_TIMEOUT_S
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -121,7 +121,12 @@ class LocalRegistry:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RegistryError(f"the local registry did not answer on 127.0.0.1:{self.port} within {timeout:.0f} s")
+        said = log.read_text(errors="replace").strip()[-500:]
+        raise RegistryError(
+            f"the local registry ({binary}) did not answer on 127.0.0.1:{self.port} within {timeout:.0f} s"
+            + (f"; its last output:\n{said}" if said else ", and printed nothing") + "\n"
+            f"fix: `{binary}` must be the CNCF distribution registry (Debian: apt-get install --reinstall "
+            "docker-registry) and nothing may block connections to 127.0.0.1; then re-run the command")
 
     def __exit__(self, *exc) -> None:
         if self._process and self._process.poll() is None:

@@ -357,14 +357,15 @@ def image_exists(client, tag: str) -> bool:
         return False
 
 
-def check_free_space(path: Path, need: int = MIN_FREE_BYTES) -> None:
+def check_free_space(path: Path, need: int = MIN_FREE_BYTES,
+                     fix: str = "free some space (e.g. `docker system prune`), or point TMPDIR at a larger disk"
+                     ) -> None:
     path.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path).free
     if free < need:
         raise SandboxError(
             f"not enough disk space to build the sandbox base image: {free / 2**30:.1f} GiB free "
-            f"in {path}, {need / 2**30:.1f} GiB needed",
-            "free some space (e.g. `docker system prune`), or point TMPDIR at a larger disk")
+            f"in {path}, {need / 2**30:.1f} GiB needed", fix)
 
 
 def _docker_root(client) -> Path | None:
@@ -385,8 +386,9 @@ def build_rootfs(client, recipe: RootfsRecipe, progress=print) -> str:
     tmp = Path(tempfile.gettempdir())
     check_free_space(tmp)
     root = _docker_root(client)
-    if root is not None:
-        check_free_space(root)
+    if root is not None:  # where the import lands: TMPDIR does not move it
+        check_free_space(root, fix=f"free some space on the Docker engine's disk (e.g. `docker system prune`), "
+                                   f"or move its data-root ({root}) to a larger one")
     progress(f"building {recipe.tag} from Debian {recipe.suite} packages (mmdebstrap, ~1-2 min)")
     with tempfile.TemporaryDirectory(prefix="sparkstack-rootfs-") as td:
         out = Path(td) / "rootfs.tar"
