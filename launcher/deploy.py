@@ -85,9 +85,10 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     try:
         api.wait_ready(api.endpoint(loaded), wait_timeout, say=say, watch=lambda: serve.watch(group))
     except api.NotServing as e:
-        problems = [serve.diagnose(group, s) for s in serve.states(group)]
+        problems = [serve.diagnose(group, s) for s in serve.states(group)]  # before the stop
         stopped = f"; {serve.stop_and_say(group)}" if report.changed else ""
-        raise SparkstackError(e.message + stopped + "\n" + "\n".join(problems)) from None
+        raise SparkstackError(e.message + stopped + "\neach rank as the wait gave up:\n"
+                              + "\n".join(problems)) from None
     report.steps.append("the API answers")
     report.seconds = time.monotonic() - started
     return report
