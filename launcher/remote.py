@@ -14,7 +14,6 @@ waiting for it.
 from __future__ import annotations
 
 import base64
-import getpass
 import hashlib
 import logging
 import math
@@ -191,7 +190,6 @@ class Connection:
         self.say = say or (lambda line: print(line, file=sys.stderr))
         self.client: paramiko.SSHClient | None = None
         self._jump: paramiko.SSHClient | None = None
-        self.sudo_password: str | None = None  # memory only, never logged or put on a command line
 
     # -- connecting --------------------------------------------------------------------------
     def open(self) -> "Connection":
@@ -361,15 +359,11 @@ class Connection:
         return result
 
     def _sudo(self, command: str, stdin: bytes | None) -> tuple[str, bytes | None]:
-        """Root through sudo: passwordless (or a narrow sudoers rule) first; else the password
-        the user typed once, fed on stdin (-S), never on a command line."""
+        """Root through sudo, never asking for a password (`sudo -n`: passwordless, or the narrow
+        sudoers rule); a rank that wants one fails with sudo's own message (launcher/prep.py)."""
         if self.target.user == "root":
             return command, stdin
-        wrapped = f"sh -c {shlex.quote(command)}"
-        if self.sudo_password is None:
-            return f"sudo -n {wrapped}", stdin
-        secret = (self.sudo_password + "\n").encode()
-        return f"sudo -S -p '' {wrapped}", secret + (stdin or b"")
+        return f"sudo -n sh -c {shlex.quote(command)}", stdin
 
     def _exec(self, command: str, stdin: bytes | None, timeout: float,
               cancel: threading.Event | None = None, kill: Callable[[], None] | None = None
@@ -553,22 +547,6 @@ class Group:
 
     def run(self, command: str, **kw) -> GroupResult:
         return self.each(lambda c: c.run(command, **kw))
-
-    def ask_sudo_password(self, prompt: Callable[[str], str] = getpass.getpass) -> None:
-        """For ranks where `sudo -n` says a password is required: ask once, keep it in memory."""
-        probe = self.run("true", sudo=True)
-        needs = [r.target for r in probe.results if r.error is None and r.exit_status != 0
-                 and "password" in r.stderr.lower()]
-        if not needs:
-            return
-        if not sys.stdin.isatty():
-            names = ", ".join(t.name for t in needs)
-            raise RemoteError(f"{names}: sudo needs a password and there is no terminal to ask. "
-                              "Install the narrow sudoers rule (`sparkstack sudoers`) or run interactively")
-        password = prompt("sudo password for the ranks: ")
-        for connection in self.connections:
-            if connection.target in needs:
-                connection.sudo_password = password
 
     def close(self) -> None:
         for c in self.connections:

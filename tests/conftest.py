@@ -50,6 +50,13 @@ def write_config(tmp_path):
 
 
 from sandbox_fixture import sandbox  # noqa: E402,F401  (session-scoped: four ranks, up once)
+from golden import golden  # noqa: E402,F401  (compares with tests/golden/; --update-golden rewrites, then fails)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite the golden files under tests/golden/ whose content differs; "
+                          "those tests then fail: review the diff and re-run without it")
 
 
 @pytest.fixture(scope="module")

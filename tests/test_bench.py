@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
 FLAGS = ROOT / "launcher" / "data" / "vllm-serve-flags-0.33.json"
 KEY = "sk-bench"
-# TTFT well above loopback and scheduling noise (tens of ms on a loaded 2-CPU box): 10% of it
-# must be a fair tolerance.
+# Timings are checked against what the stand-in cannot beat (it never answers before its TTFT plus
+# prefill, never ends a stream before its rate allows), and above that only loosely: a loaded
+# 2-CPU box delays a token by hundreds of ms now and then.
 RATE, TTFT, PREFILL, ACCEPTED = 50.0, 0.5, 20000.0, 1.5
 SPEC = '{"method":"mtp","num_speculative_tokens":3}'
 
@@ -117,6 +118,23 @@ def near(value: float, expected: float, tolerance: float = 0.10) -> bool:
     return abs(value - expected) <= tolerance * expected
 
 
+def first_token_at(request: dict) -> float:
+    """The earliest the stand-in can send a request's first token: its TTFT plus the prefill
+    (less 0.1 ms: the bench's JSON rounds timings to 4 decimals)."""
+    return TTFT + request["prompt_tokens"] / PREFILL - 1e-4
+
+
+def timed_as_configured(r: dict) -> bool:
+    """One request's figures: TTFT and wall no shorter than the stand-in allows; the decode rate
+    is the tokens over the decode time, within a factor 2 of the configured rate (counting
+    MTP steps instead of tokens would be 2.5 times off)."""
+    n = r["completion_tokens"]
+    return (first_token_at(r) <= r["ttft_s"] < first_token_at(r) + 1.0
+            and r["wall_s"] >= first_token_at(r) + (n - 1) / RATE
+            and r["decode_tok_s"] == pytest.approx(n / (r["wall_s"] - r["ttft_s"]), rel=1e-3)
+            and RATE / 2 < r["decode_tok_s"] < 2 * RATE)
+
+
 # ---------------------------------------------------------------- against the stand-in
 
 def test_measures_the_rate_ttft_acceptance_and_needle(server, tmp_path):
@@ -132,21 +150,22 @@ def test_measures_the_rate_ttft_acceptance_and_needle(server, tmp_path):
     assert [(c["task"], c["concurrency"]) for c in data["results"]] == [
         ("prose", 1), ("prose", 2), ("code", 1), ("code", 2)]
     for cell in data["results"]:
-        assert near(cell["per_stream_tok_s"], RATE), cell
-        assert near(cell["aggregate_tok_s"], RATE * cell["concurrency"]), cell
-        assert cell["aggregate_tok_s"] == pytest.approx(
-            sum(r["decode_tok_s"] for r in cell["requests"]), abs=1e-3)
+        rates = [r["decode_tok_s"] for r in cell["requests"]]
+        assert len(rates) == cell["concurrency"]
+        # every stream gets the full per-stream rate (a shared rate would halve it at C2)
+        assert RATE / 2 < cell["per_stream_tok_s"] < 2 * RATE, cell
+        assert min(rates) <= cell["per_stream_tok_s"] <= max(rates), cell
+        assert cell["aggregate_tok_s"] == pytest.approx(sum(rates), abs=1e-3)
         assert cell["accepted_per_step"] == pytest.approx(1 + ACCEPTED, abs=0.05), cell
         for r in cell["requests"]:
             assert r["completion_tokens"] == 48 and r["tokens_from"] == "usage"
-            # the stand-in's TTFT is its fixed delay plus the prompt's prefill
-            assert near(r["ttft_s"], TTFT + r["prompt_tokens"] / PREFILL), r
+            assert timed_as_configured(r), r
         assert cell["ttft_s"]["median"] <= cell["ttft_s"]["p90"]
     assert data["tasks"]["code"]["accepted_per_step"] == pytest.approx(1 + ACCEPTED, abs=0.05)
     for needle, size in zip(data["needle"], (1000, 2000)):
         assert needle["passed"] and needle["expected"] in needle["answer"], needle
         assert near(needle["prompt_tokens"], size) and needle["prompt_tokens_from"] == "usage"
-        assert near(needle["ttft_s"], TTFT + needle["prompt_tokens"] / PREFILL), needle
+        assert first_token_at(needle) <= needle["ttft_s"] < first_token_at(needle) + 1.0, needle
         assert needle["prefill_tok_s"] == pytest.approx(
             needle["prompt_tokens"] / needle["ttft_s"], rel=1e-3)
     assert json.loads(written(out, "json").read_text()) == data
@@ -176,8 +195,10 @@ def test_table_and_config_target(server, tmp_path, write_config):
     assert data["target"]["source"] == f"{path} (rank 0 spark1)"
     assert data["settings"]["temperature"] == 0.6 and data["settings"]["top_p"] == 0.95
     request = data["results"][0]["requests"][0]
-    # 16 of the 32 tokens are reasoning at 50 tok/s: counting only content would add 0.32 s
-    assert near(request["ttft_s"], TTFT + request["prompt_tokens"] / PREFILL)
+    # the first 12 of the 32 tokens are reasoning at 50 tok/s: the first content token cannot
+    # come before 0.24 s after the first token, so a TTFT counting only content is at least that late
+    reasoning = min(len(standin_module().REASONING), 32 // 2)
+    assert first_token_at(request) <= request["ttft_s"] < first_token_at(request) + reasoning / RATE, request
 
 
 def test_server_down_is_a_clear_error(tmp_path):

@@ -610,13 +610,16 @@ def test_unreachable_rank_is_a_failed_row_fast(sandbox, tmp_path):
     assert took < doc["ssh"].get("connect_timeout_s", 10) + 15, took
 
 
-def test_cli_table(sandbox):
+def test_cli_table(sandbox, squeezed):
+    """`sparkstack check`'s table with spark2 short of memory: its column FAILs, the failure is
+    spelled out with its fix, the run is "not ready" and exits 1 (whatever else the ranks lack)."""
     result = CliRunner().invoke(main, ["check", "-c", str(sandbox.config)])
-    assert result.exit_code in (0, 1), result.output
+    assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
     assert lines[0].split() == ["check", "0", "spark1", "1", "spark2", "2", "spark3", "3", "spark4"]
-    assert any(line.startswith("memory") for line in lines)
-    assert lines[-1].startswith(("ok (", "not ready (")) and lines[-1].endswith(" s)")
+    assert next(line for line in lines if line.startswith("memory")).split() == ["memory", "pass", "FAIL", "pass", "pass"]
+    assert any(line.startswith("FAIL rank 1 spark2 memory: MemAvailable 10.0 GiB < needs") for line in lines)
+    assert lines[-1].startswith("not ready (") and lines[-1].endswith(" s)")
 
 
 def test_plan_or_refuse_for_up(sandbox, loaded, squeezed):

@@ -10,6 +10,7 @@ from local_probe import sandbox_rank_facts
 from launcher import fabric
 from launcher.fabric import FabricError
 from launcher.facts import Clock, DockerUlimits, Facts, Gid, Interface, RdmaDevice, RdmaPort, Ulimits
+from launcher.sandbox import fabric as sandbox_fabric
 
 HCAS = [("rocep1s0f0", "enp1s0f0np0"), ("roceP2p1s0f0", "enP2p1s0f0np0"),
         ("rocep1s0f1", "enp1s0f1np1"), ("roceP2p1s0f1", "enP2p1s0f1np1")]
@@ -293,9 +294,8 @@ def test_twins_are_the_same_function_in_the_other_pci_domain():
 
 def test_sandbox_ranks_match_their_truth(tmp_path):
     """The sandbox writes each rank's sysfs and states what a correct probe must find."""
-    sandbox = pytest.importorskip("launcher.sandbox.fabric")
-    for r in range(sandbox.N_RANKS):
-        truth = sandbox.fabric_truth(r)
+    for r in range(sandbox_fabric.N_RANKS):
+        truth = sandbox_fabric.fabric_truth(r)
         address = f"172.31.240.{11 + r}"  # on eth0, as local_probe lays it out
         rf = fabric.assess(sandbox_rank_facts(tmp_path / f"spark{r + 1}", r), ip(truth["fabric_ip"]), "ring",
                            truth["name"], address=address)

@@ -6,7 +6,6 @@ golden Dockerfiles are rendered from them for the real profiles, on Mia's base i
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from launcher.cli import main
 from launcher.errors import ConfigError
 
 GOLDEN = ROOT / "tests" / "golden" / "dockerfiles"
-UPDATE = os.environ.get("SPARKSTACK_UPDATE_GOLDEN") == "1"
 MIA = "ghcr.io/miaai-lab/glm-5.3-flash-2x-dgx-sparks:exl3"
 FOUR = ["dcp", "mul1", "v145", "keys"]
 
@@ -77,23 +75,15 @@ VARIANTS = {"keys-1m-dcp4": ("keys-1m-dcp4", None), "keys-1m-dcp4+keys3": ("keys
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_rendered_dockerfiles_match_golden(write_config, patches, variant):
+def test_rendered_dockerfiles_match_golden(write_config, patches, variant, golden):
     profile, chain = VARIANTS[variant]
     loaded = load(write_config, patches, profile)
     if chain:
         image = loaded.profile.image.model_copy(update={"chain": chain})
         loaded = loaded.model_copy(update={"profile": loaded.profile.model_copy(update={"image": image})})
     rendered = images.chain_for(loaded)
-    directory = GOLDEN / variant
-    if UPDATE:
-        directory.mkdir(parents=True, exist_ok=True)
-        for old in directory.glob("*.Dockerfile"):
-            old.unlink()
-        for stage in rendered.stages:
-            (directory / f"{stage.name}.Dockerfile").write_text(stage.dockerfile)
-    assert sorted(p.stem for p in directory.glob("*.Dockerfile")) == sorted(s.name for s in rendered.stages)
-    for stage in rendered.stages:
-        assert stage.dockerfile == (directory / f"{stage.name}.Dockerfile").read_text(), stage.name
+    golden.check_dir(GOLDEN / variant, {f"{s.name}.Dockerfile": s.dockerfile for s in rendered.stages},
+                     pattern="*.Dockerfile")
 
 
 def test_keys_profile_builds_on_mias_base(write_config, patches):

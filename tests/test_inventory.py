@@ -2,13 +2,12 @@
 
 The golden inventories come from env/cluster.example.yaml (as shipped, and with its commented
 `nfs` and `jump` lines switched on), with HOME fixed so `~` expands the same everywhere.
-SPARKSTACK_UPDATE_GOLDEN=1 rewrites them.
+`pytest --update-golden` rewrites them (and fails: review the diff, re-run).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from launcher.node_settings import NodeSettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "inventory"
-UPDATE = os.environ.get("SPARKSTACK_UPDATE_GOLDEN") == "1"
 ANSIBLE_INVENTORY = Path(sys.executable).with_name("ansible-inventory")
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
@@ -53,13 +51,8 @@ def load_example(write_config, monkeypatch):
 
 @pytest.mark.parametrize("fmt", inventory.FORMATS)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_inventory_matches_golden(load_example, variant, fmt):
-    text = inventory.render(load_example(variant), fmt)
-    golden = GOLDEN / f"{variant}.{fmt}"
-    if UPDATE:
-        golden.parent.mkdir(parents=True, exist_ok=True)
-        golden.write_text(text)
-    assert text == golden.read_text()
+def test_inventory_matches_golden(load_example, variant, fmt, golden):
+    golden.check(GOLDEN / f"{variant}.{fmt}", inventory.render(load_example(variant), fmt))
 
 
 @pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-core is not installed")

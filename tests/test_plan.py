@@ -1,7 +1,6 @@
 """`sparkstack plan`: golden plans per profile, the seeds' flags verbatim, the KV figures."""
 
 import json
-import os
 import re
 import shlex
 
@@ -14,7 +13,6 @@ from launcher.profile import load_profile, profile_names
 from test_checkpoint import checkpoint  # noqa: F401  (a small real checkpoint fixture)
 
 GOLDEN = ROOT / "tests" / "golden"
-UPDATE = os.environ.get("SPARKSTACK_UPDATE_GOLDEN") == "1"
 
 
 def plan_json(path, *extra):
@@ -24,14 +22,11 @@ def plan_json(path, *extra):
 
 
 @pytest.mark.parametrize("profile", profile_names())
-def test_plan_matches_golden(write_config, profile, monkeypatch):
+def test_plan_matches_golden(write_config, profile, monkeypatch, golden):
     # a state dir that cannot exist: `plan` reads the generated API key, never makes it
     monkeypatch.setenv("XDG_STATE_HOME", "/nonexistent/state")
     data = plan_json(write_config(lambda d: d.update(profile=profile)))
-    golden = GOLDEN / f"plan-{profile}.json"
-    if UPDATE:
-        golden.write_text(json.dumps(data, indent=2) + "\n")
-    assert data == json.loads(golden.read_text())
+    golden.check(GOLDEN / f"plan-{profile}.json", json.dumps(data, indent=2) + "\n")
 
 
 def test_plan_json_shape(write_config):

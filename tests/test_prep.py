@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from launcher import config, gather, node_settings, prep
 from launcher.cli import main
 from launcher.facts import Memory, Mount
-from launcher.remote import Result, Target
 
 GIB = 1 << 30
 
@@ -76,26 +75,6 @@ def test_nfs_mount_on_clients_bind_mount_on_the_server(write_config, spark_facts
 
 def test_no_mount_without_nfs(write_config, spark_facts):
     assert prep.mount_step(config.load(write_config()), 0, spark_facts) is None
-
-
-class FakeConnection:
-    def __init__(self, user="spark", stderr="sudo: a password is required\n"):
-        self.target = Target(2, "spark3", "10.0.0.13", 22, user)
-        self.stderr = stderr
-        self.commands = []
-
-    def run(self, command, **kw):
-        self.commands.append((command, kw.get("sudo", False)))
-        return Result(self.target, 1, "", self.stderr)
-
-
-def test_without_sudo_a_clear_error_names_the_rank(write_config, spark_facts):
-    loaded = config.load(write_config())
-    rp = prep.RankPrep(2, "spark3", prep.plan_rank(loaded, 2, spark_facts))
-    prep.apply_rank(FakeConnection(), rp)
-    assert rp.error.startswith("rank 2 (spark3): prep needs root and `sudo -n` was refused for spark")
-    assert "passwordless sudo" in rp.error and "ranks[2].user" in rp.error
-    assert rp.changed == []
 
 
 def test_root_script_reports_each_step():
@@ -191,6 +170,50 @@ def test_wait_for_memory_times_out_naming_the_rank(sandbox, loaded, squeezed):
             prep.wait_for_memory(group, [0, 1, 2, 3], 30 * GIB, timeout=1, poll=0.3)
     assert "rank 2 (spark3): MemAvailable 10.0 GiB < 30.0 GiB needed" in e.value.message
     assert "fix:" in e.value.message
+
+
+NOSUDO = "sparkstack-nosudo"
+
+
+@pytest.fixture
+def nosudo_on_spark3(sandbox):
+    """A user on spark3 with no sudo rule at all, who logs in with the sandbox's key; removed after."""
+    def drop():
+        sandbox.run("spark3", f"sudo pkill -KILL -u {NOSUDO}; sudo userdel -r {NOSUDO} 2>/dev/null; true")
+
+    drop()  # a leftover of an interrupted run
+    make = (f"sudo useradd -m -s /bin/sh -p '*' {NOSUDO} && "
+            f"sudo install -d -m 0700 -o {NOSUDO} -g {NOSUDO} /home/{NOSUDO}/.ssh && "
+            f"sudo install -m 0600 -o {NOSUDO} -g {NOSUDO} /home/spark/.ssh/authorized_keys /home/{NOSUDO}/.ssh/")
+    try:
+        rc, out, err = sandbox.run("spark3", make)
+        assert rc == 0, err or out
+        yield NOSUDO
+    finally:
+        drop()
+
+
+def test_without_sudo_a_clear_error_names_the_rank(sandbox, nosudo_on_spark3, tmp_path):
+    """`sparkstack prep` as a user whose real `sudo -n` refuses (no sudoers rule) on spark3:
+    exit 1, that rank named with sudo's own words and the fix; nothing changed there."""
+    doc = yaml.safe_load(Path(sandbox.config).read_text())
+    doc["ranks"][2]["user"] = nosudo_on_spark3
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    keys = ("vm.swappiness", "vm.compaction_proactiveness")
+    before = {n: {k: read_sysctl(sandbox, n, k) for k in keys} for n in sandbox.names}
+    sandbox.run("spark3", "sudo sysctl -q -w vm.swappiness=60")  # a root step prep needs there
+    try:
+        assert sandbox.run("spark3", "sudo -n true", user=nosudo_on_spark3)[0] == 1  # the real refusal
+        result = CliRunner().invoke(main, ["prep", "-c", str(cfg), "--no-drop"])
+        assert result.exit_code == 1, result.output
+        assert ("rank 2 (spark3): prep needs root and `sudo -n` was refused for sparkstack-nosudo "
+                "(sudo: a password is required). Fix: give sparkstack-nosudo passwordless sudo, "
+                "or connect as root (ranks[2].user)") in " ".join(result.output.split())
+        assert read_sysctl(sandbox, "spark3", "vm.swappiness") == "60"
+    finally:
+        for name, values in before.items():
+            sandbox.run(name, "sudo sysctl -q " + " ".join(f"-w {k}={v}" for k, v in values.items()))
 
 
 def test_bind_mount_on_the_nfs_servers_own_rank(sandbox, tmp_path):

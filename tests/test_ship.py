@@ -49,6 +49,23 @@ def rank_image_id(sandbox, name, ref):
     return out.strip() if rc == 0 else None
 
 
+def images_on_ranks(sandbox) -> dict[str, str]:
+    """Every rank's images, tags and IDs: what a ship that moves nothing leaves as it was."""
+    listing = "docker image ls --all --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' | sort"
+    return {n: sandbox.run(n, listing)[1] for n in sandbox.names}
+
+
+def rank_clock(sandbox) -> str:
+    return sandbox.run("spark1", "date +%s.%N")[1].strip()
+
+
+def image_events_since(sandbox, since: str) -> dict[str, list[str]]:
+    """The image events (pull, tag, untag, delete) each rank's dockerd logged since `since`."""
+    command = (f"docker events --since {since} --until $(date +%s.%N) --filter type=image "
+               "--format '{{.Action}} {{.Actor.ID}}'")
+    return {n: sandbox.run(n, command)[1].split("\n")[:-1] for n in sandbox.names}
+
+
 def ship_refs(group, client, refs):
     plan = ship.make_plan(group, ship.local_image_ids(refs, client))
     return ship.apply(plan, group, say=lambda line: None)
@@ -64,11 +81,13 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
     rc, out, _ = sandbox.run("spark1", "docker images --format '{{.Repository}}'")
     assert "127.0.0.1:" not in out
 
-    started = time.monotonic()
+    since, before = rank_clock(sandbox), images_on_ranks(sandbox)
     again = ship.make_plan(group, ship.local_image_ids([base], client))
     assert [r.status for r in again.ranks] == ["up-to-date"] * 4
-    assert ship.apply(again, group).ranks[0].bytes == 0
-    assert time.monotonic() - started < 5
+    assert [r.bytes for r in ship.apply(again, group).ranks] == [0] * 4
+    # a re-ship of what every rank has: no pull started, nothing tagged, nothing changed
+    assert image_events_since(sandbox, since) == {n: [] for n in sandbox.names}
+    assert images_on_ranks(sandbox) == before
 
     layer = client.images.get(top).history()[1]["Size"]  # the RUN layer (LABEL adds none)
     assert 1_900_000 < layer < 2_200_000
@@ -84,8 +103,12 @@ def test_a_rank_without_docker_fails_alone_and_reship_completes(sandbox, group, 
     extra = build_on(client, top, "v3", 300_000)
     victim = "sparkstack-spark3"
     try:
-        client.containers.get(victim).exec_run("pkill -x dockerd")
-        time.sleep(1)
+        c = client.containers.get(victim)
+        c.exec_run("pkill -x dockerd")
+        deadline = time.monotonic() + 60
+        while c.exec_run("docker info").exit_code == 0:
+            assert time.monotonic() < deadline, f"dockerd in {victim} still answers 60 s after pkill"
+            time.sleep(0.2)
         plan = ship_refs(group, client, [extra])
         by_rank = {r.rank: r for r in plan.ranks}
         assert [by_rank[i].status for i in (0, 1, 3)] == ["shipped"] * 3
@@ -335,15 +358,28 @@ def test_relay_without_a_registry_on_rank_0_says_so(sandbox, client, images):
         client.images.remove(ref, force=True)
 
 
-def test_cli_json_and_dry_run(sandbox, images):
+def test_cli_json_and_dry_run(sandbox, group, client, images):
+    """`ship --dry-run --json`: per rank, what it lacks (an image every rank has is not listed);
+    nothing moves, no pull starts, nothing on the ranks changes."""
     base, _ = images
-    runner = CliRunner()
-    result = runner.invoke(main, ["ship", "-c", str(sandbox.config), "--image", base, "--json"])
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
-    assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
-    assert set(data["ranks"][0]) == {"rank", "host", "images", "bytes", "seconds", "status", "error"}
-    assert {r["status"] for r in data["ranks"]} == {"up-to-date"}
+    assert all(r.status != "failed" for r in ship_refs(group, client, [base]).ranks)  # every rank has base
+    fresh = build_on(client, base, f"dry{uuid.uuid4().hex[:4]}", 100_000)  # no rank has it
+    try:
+        since, before = rank_clock(sandbox), images_on_ranks(sandbox)
+        result = CliRunner().invoke(main, ["ship", "-c", str(sandbox.config), "--image", base, "--image", fresh,
+                                           "--dry-run", "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        hosts = [sandbox.rank(n)["address"] for n in sandbox.names]
+        assert data == {"ranks": [{"rank": i, "host": hosts[i], "images": [fresh], "bytes": 0, "seconds": 0.0,
+                                   "status": "planned", "error": None} for i in range(4)]}
+        assert image_events_since(sandbox, since) == {n: [] for n in sandbox.names}
+        assert images_on_ranks(sandbox) == before
+        assert all(rank_image_id(sandbox, n, fresh) is None for n in sandbox.names)
+    finally:
+        client.images.remove(fresh, force=True)
+        for name in sandbox.names:  # shipped only by a broken dry run
+            sandbox.run(name, f"docker rmi -f {fresh} >/dev/null 2>&1; true")
 
 
 def test_missing_local_image_is_a_clear_error(sandbox):
