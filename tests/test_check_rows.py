@@ -11,7 +11,6 @@ lines per non-pass row, its exit code. One test puts real sandbox ranks in such 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import re
 from pathlib import Path
