@@ -549,8 +549,9 @@ def status(config_file, as_json, trust_new_hosts):
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
+        width = max([12] + [len(s.describe()) for s in states if s.image])  # the image column lines up
         for s in states:
-            out.print(f"rank {s.rank} {s.host:<16} {s.describe():<12} {s.image or ''}"
+            out.print(f"rank {s.rank} {s.host:<16} {s.describe():<{width}} {s.image or ''}"
                       + (f"  since {s.started_at}" if s.state == "running" else ""), markup=False)
         out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
     if all(s.state == "unreachable" for s in states):

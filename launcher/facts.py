@@ -643,8 +643,11 @@ def _command_problem(name: str, result: dict | None) -> str | None:
     if "error" in result:
         return f"{name}: {result['error']}"
     if result.get("rc") != 0:
-        last = (result.get("stderr") or "").strip().splitlines()[-1:] or [""]
-        return f"{name}: exit {result.get('rc')}: {last[0]}".rstrip(": ")
+        # its last words: on stderr, else on stdout (nvidia-smi prints "couldn't communicate with
+        # the NVIDIA driver" there)
+        said = (result.get("stderr") or "").strip() or (result.get("stdout") or "").strip()
+        last = said.splitlines()[-1:] or [""]
+        return f"{name}: exit {result.get('rc')}: {last[0][:300]}".rstrip(": ")
     return None
 
 

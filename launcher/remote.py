@@ -284,11 +284,14 @@ class Connection:
 
     def stream(self, command: str, write) -> int | None:
         """Run `command`, handing its output to `write(bytes)` as it comes (`logs -f`).
-        Ctrl+C closes only our channel: the remote side is left running."""
+        Ctrl+C (None) stops the command on the rank too, not what it watches (the container):
+        closing the channel alone would leave a quiet `docker logs -f` there until its next line."""
         self.open()
+        token = f"sparkstack-stream-{secrets.token_hex(8)}"
         channel = self.client.get_transport().open_session(timeout=self.timeout)
         channel.set_combine_stderr(True)
-        channel.exec_command(command)
+        # under `timeout 0` (no limit): a process group of its own, which _kill's TERM ends whole
+        channel.exec_command(f"timeout 0 sh -c {shlex.quote(command)} sh {token}")
         channel.shutdown_write()
         try:
             while not (channel.exit_status_ready() and not channel.recv_ready()):
@@ -297,6 +300,7 @@ class Connection:
                 select.select([channel], [], [], 0.5)
             return channel.recv_exit_status()
         except KeyboardInterrupt:
+            self._kill(token, sudo=False)
             return None
         finally:
             channel.close()
