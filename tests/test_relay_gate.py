@@ -83,9 +83,14 @@ def gate(tmp_path):
     Upstream.seen = []
     yield {"port": int(port_file.read_text()), "process": process, "forward": forward,
            "cache_process": cache_process, "dir": tmp_path}
-    for p in (process, cache_process):
-        p.kill()
-        p.wait()
+    process.terminate()  # SIGTERM, as the ship's cleanup does (and coverage saves what the gate ran)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError("the gate did not stop on SIGTERM") from None
+    cache_process.kill()
+    cache_process.wait()
     forward.close()
     cache.shutdown()
 
