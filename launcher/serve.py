@@ -115,20 +115,30 @@ def is_current(current: list[RankState], plan: Plan) -> bool:
     return all(s.state == "running" and s.plan_hash == wanted[s.rank] for s in current)
 
 
-def stop(group: Group) -> list[Result]:
+STOP_TRIES = 15  # seconds of retrying removal
+SETTLE_S = 2  # after a start was cut short: absent this many seconds in a row counts as gone
+
+
+def stop(group: Group, settle_s: int = 0) -> list[Result]:
     """Remove the serving container on every rank; nothing there is fine. A rank counts as
     stopped only when its Docker answers that no such container is left (a missing CLI or a
-    daemon that does not answer is a failure, not an absence)."""
-    results = group.run(f"docker rm -f {CONTAINER_NAME} >/dev/null 2>&1; "
+    daemon that does not answer is a failure, not an absence). A `docker run` cut short (Ctrl+C
+    during `up`) can still create its container after the first `rm -f`: removal is retried,
+    and with `settle_s` the container must stay absent that many seconds before it counts."""
+    results = group.run(f"quiet=0; for try in $(seq {STOP_TRIES}); do "
+                        f"docker rm -f {CONTAINER_NAME} >/dev/null 2>&1; "
                         f"left=$(docker ps -aq --filter name=^{CONTAINER_NAME}$) || exit; "
-                        f"[ -z \"$left\" ] || {{ echo '{CONTAINER_NAME} is still there' >&2; exit 1; }}",
-                        timeout=60).results
+                        f"if [ -n \"$left\" ]; then quiet=0; "
+                        f"elif [ $quiet -ge {settle_s} ]; then exit 0; else quiet=$((quiet+1)); fi; "
+                        f"sleep 1; done; echo '{CONTAINER_NAME} is still there' >&2; exit 1",
+                        timeout=60 + STOP_TRIES).results
     return [r for r in results if not r.ok]
 
 
 def stop_and_say(group: Group) -> str:
-    """Stop every rank's container and say so only as far as every rank confirmed it."""
-    failed = stop(group)
+    """Stop every rank's container and say so only as far as every rank confirmed it. Called
+    when a start failed or was interrupted, so a start still in flight is waited out."""
+    failed = stop(group, settle_s=SETTLE_S)
     if not failed:
         return "every rank's container was stopped"
     return ("the container could not be stopped on " + "; ".join(f"{r.target.name} ({r.why()})" for r in failed)

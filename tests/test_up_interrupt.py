@@ -70,3 +70,24 @@ def test_stopped_is_said_only_when_every_rank_confirms_it(sandbox, group):
     assert said.startswith("the container could not be stopped on rank 2 (spark3) (exited 127: ")
     assert said.endswith("run `sparkstack down` once it answers")
     assert serve.stop_and_say(group) == "every rank's container was stopped"
+
+
+def test_a_container_created_after_the_first_removal_is_removed_too(sandbox, group):
+    """Ctrl+C while a rank's `docker run` is in flight: its daemon may create the container a
+    moment after `stop` first removed it. Stopping after a cut-short start waits that out."""
+    from launcher import serve
+
+    late = (f"(sleep 1.5; docker run -d --name {serve.CONTAINER_NAME} --entrypoint sleep "
+            f"{sandbox.images['vllm']} 600; touch /tmp/late-start.done) >/dev/null 2>&1 &")
+    assert sandbox.run("spark2", "rm -f /tmp/late-start.done && " + late)[0] == 0
+    try:
+        assert serve.stop_and_say(group) == "every rank's container was stopped"
+        deadline = time.monotonic() + 60
+        while sandbox.run("spark2", "test -e /tmp/late-start.done")[0] != 0:
+            assert time.monotonic() < deadline, "the late `docker run` never finished"
+            time.sleep(0.2)
+        assert not engine_running(sandbox, "spark2")
+        rc, out, _ = sandbox.run("spark2", f"docker ps -aq --filter name=^{serve.CONTAINER_NAME}$")
+        assert rc == 0 and out.strip() == "", out
+    finally:
+        sandbox.run("spark2", f"docker rm -f {serve.CONTAINER_NAME} >/dev/null 2>&1; rm -f /tmp/late-start.done")
