@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from local_probe import run_probe
-from launcher import facts
-from launcher.facts import FactError, to_jsonable
+from launcher.facts import facts
+from launcher.facts.facts import FactError, to_jsonable
 
 CASES = sorted((Path(__file__).parent / "facts_cases").glob("*.json"))
 PARSERS = {
