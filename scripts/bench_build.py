@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import yaml  # noqa: E402
 
 from conftest import example_config  # noqa: E402
-from launcher import build as build_mod  # noqa: E402
+from launcher.images import build as build_mod  # noqa: E402
 from test_build import make_test_base, remove_test_images, session_id  # noqa: E402
 from test_images import PATCH_FILES, write_patches  # noqa: E402
 
@@ -66,8 +66,8 @@ def timed(argv: list[str]) -> float:
 
 def in_process_noop(config: Path, runs: int) -> float:
     """The no-op's own work, without interpreter start-up: config, render, tags, lookups."""
-    from launcher import config as config_mod
-    from launcher import images
+    from launcher.inputs import config as config_mod
+    from launcher.images import images
 
     times = []
     for _ in range(runs):

@@ -5,9 +5,9 @@ on the same ranks, and the 16-rank scaling -- measured with the sandbox up
 
     .venv/bin/python scripts/bench_check.py [--runs 5] [--config PATH]
 
-- check, in-process: `launcher.check.run` (connect, probe, pings, judge), wall time per run.
+- check, in-process: `launcher.check.check.run` (connect, probe, pings, judge), wall time per run.
 - check, CLI: `sparkstack check --json` as a fresh process (adds Python's start and imports).
-- ansible: `ansible all -m setup` with an inventory from `launcher.inventory` (fact gathering,
+- ansible: `ansible all -m setup` with an inventory from `launcher.plan.inventory` (fact gathering,
   the comparable job), as a fresh process.
 - 16 ranks: `sandbox up --ranks 16` (16 rank containers, each its own sshd and dockerd, an
   16-ring of veth cables), check on all 16 and on the first 4 of them; then back to 4 ranks.
@@ -30,7 +30,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launcher import check, config, inventory  # noqa: E402
+from launcher.check import check  # noqa: E402
+from launcher.inputs import config  # noqa: E402
+from launcher.plan import inventory  # noqa: E402
 from launcher.sandbox import cluster as sandbox_cluster  # noqa: E402
 
 

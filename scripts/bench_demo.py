@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
-FLAGS = ROOT / "launcher" / "data" / "vllm-serve-flags-0.33.json"
+STANDIN = ROOT / "launcher" / "sandbox" / "standins" / "standin_vllm.py"
+FLAGS = ROOT / "launcher" / "inputs" / "data" / "vllm-serve-flags-0.33.json"
 KEY = "sk-bench-demo"
 DEFAULT_BENCH = ["--max-tokens", "128", "--needle", "8k,32k", "--out", "bench-demo"]
 
@@ -75,7 +75,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
         proc = start(args, port, Path(tmp) / "standin.log")
         try:
-            cmd = [sys.executable, "-c", "from launcher.cli import main; main()", "bench",
+            cmd = [sys.executable, "-c", "from launcher.cli.commands import main; main()", "bench",
                    "--url", f"http://127.0.0.1:{port}", "--api-key", KEY, *bench_args]
             return subprocess.call(cmd, cwd=os.getcwd())
         finally:

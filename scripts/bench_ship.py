@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Figures for `sparkstack ship` against the sandbox (a benchmark, not a test).
 
-Both methods in the same run, over the same SSH connections (launcher.remote):
+Both methods in the same run, over the same SSH connections (launcher.transport.remote):
 
   (a) first ship of a test image (the sandbox base + a 24 MiB stage + an 8 MiB top stage, both
-      random so nothing compresses) to all four ranks through launcher.ship: bytes per rank,
+      random so nothing compresses) to all four ranks through launcher.images.ship: bytes per rank,
       seconds, throughput; and, for comparison, raw `cat > /dev/null` with the same number of
       bytes on stdin through Connection.run, four ranks in parallel and one alone
       (goal: ship ≥ 70% of raw).
@@ -41,7 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 import docker  # noqa: E402
 
-from launcher import config, registry, relay, remote, ship  # noqa: E402
+from launcher.inputs import config  # noqa: E402
+from launcher.images import registry, relay, ship  # noqa: E402
+from launcher.transport import remote  # noqa: E402
 from launcher.sandbox import cluster  # noqa: E402
 
 RUN = uuid.uuid4().hex[:8]

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract_vllm_flags import serve_parser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
-FLAGS = ROOT / "launcher" / "data" / "vllm-serve-flags-0.33.json"
+STANDIN = ROOT / "launcher" / "sandbox" / "standins" / "standin_vllm.py"
+FLAGS = ROOT / "launcher" / "inputs" / "data" / "vllm-serve-flags-0.33.json"
 
 # The argv after `vllm serve MODEL`; the same cases as tests/test_standin_vllm.py, and more.
 CASES = [

@@ -4,13 +4,13 @@
 Needs vLLM itself (not a dependency of the kit; the tests never run this):
 
     python3 -m venv /work/vllm-venv && /work/vllm-venv/bin/pip install vllm==0.33.0
-    /work/vllm-venv/bin/python scripts/extract_vllm_flags.py > launcher/data/vllm-serve-flags-0.33.json
+    /work/vllm-venv/bin/python scripts/extract_vllm_flags.py > launcher/inputs/data/vllm-serve-flags-0.33.json
 
 It builds the parser exactly as `vllm serve` does (vllm.entrypoints.cli.main: a
 FlexibleArgumentParser whose `serve` subparser is filled by make_arg_parser) and writes, per
 option string, {dest, nargs, choices, type} (what shared/vllm/serve-flags-0.33.json holds) plus
 "value": how vLLM converts and checks the option's values. The format of "value" is described in
-launcher/vllm_flags.py. vLLM builds its parser without a GPU only once a platform is chosen; the
+launcher/inputs/vllm_flags.py. vLLM builds its parser without a GPU only once a platform is chosen; the
 CPU platform is used here (the option set is the same: the output's first four keys are checked
 against the shared table by tests/test_vllm_flags.py).
 """

@@ -28,7 +28,7 @@ SHOWN = 3  # problems printed in full
 
 def cause_of(problem: str) -> str:
     """A traceback as its exception type and the last frame in launcher/, e.g.
-    "ZeroDivisionError at launcher/config.py:243"; other problems by their first line."""
+    "ZeroDivisionError at launcher/inputs/config.py:243"; other problems by their first line."""
     lines = problem.strip().splitlines()
     frames = re.findall(r'File ".*/(launcher/[^"]+)", line (\d+)', problem)
     if not lines[0].startswith("traceback") or not frames:

@@ -24,14 +24,14 @@ import yaml
 from click.testing import CliRunner
 from hypothesis import strategies as st
 
-from launcher.cli import main
+from launcher.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def sandbox_document() -> dict:
     """The sandbox's cluster.yaml as `sandbox up` writes it (no sandbox needed)."""
-    from launcher.sandbox import cluster, fabric as sfabric
+    from launcher.sandbox import cluster, fabric_fixture as sfabric
 
     ranks = [{"name": f"spark{i + 1}", "address": f"172.31.240.{11 + i}", "user": "spark",
               "fabric_ips": [sfabric.fabric_truth(i)["fabric_ip"]], "sysfs_root": "/sandbox/sysfs"}

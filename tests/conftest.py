@@ -21,7 +21,7 @@ def example_config() -> dict:
 @pytest.fixture(autouse=True, scope="session")
 def state_home(tmp_path_factory):
     """The API keys `up` and `sparkstack api-key` generate go to a state dir of the session's own
-    (launcher/apikey.py), never the developer's ~/.local/state."""
+    (launcher/inputs/apikey.py), never the developer's ~/.local/state."""
     path = tmp_path_factory.mktemp("state")
     before = os.environ.get("XDG_STATE_HOME")
     os.environ["XDG_STATE_HOME"] = str(path)
@@ -61,8 +61,9 @@ def pytest_addoption(parser):
 
 @pytest.fixture(scope="module")
 def group(sandbox):
-    """SSH connections to the sandbox's four ranks (launcher.remote), one set per test module."""
-    from launcher import config, remote
+    """SSH connections to the sandbox's four ranks (launcher.transport.remote), one set per test module."""
+    from launcher.inputs import config
+    from launcher.transport import remote
 
     cluster = config.load(sandbox.config).cluster
     with remote.Group.from_targets(remote.targets_from_config(cluster), sandbox.known_hosts) as g:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher import facts
+from launcher.facts import facts
 
 
 def local_command(command: str, script: Path) -> str:
@@ -39,7 +39,7 @@ def sandbox_rank_raw(root: Path, r: int) -> dict:
     """The probe's raw output for sandbox rank r's fixture sysfs and `ip addr`, written under root.
     The `ip addr` also holds what a sandbox rank's real one shows beside the fixture's: its
     management address on eth0 (the sandbox's Docker network, the config's `address`)."""
-    from launcher.sandbox import cluster, fabric as sfabric
+    from launcher.sandbox import cluster, fabric_fixture as sfabric
 
     sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
     net = ipaddress.ip_network(cluster.DEFAULT_SUBNET)

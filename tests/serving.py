@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from launcher.cli import main
+from launcher.cli.commands import main
 
 VLLM_RECORD = "/var/log/sandbox-vllm/record.json"
 TENSORFOLD_RECORD = "/var/log/sandbox-vllm/tensorfold.json"

@@ -2,7 +2,7 @@
 
 The sandbox config gets a `model.nfs` (spark1 serves the export) so the fstab lines are
 exercised: a bind mount on spark1, NFS on the others. The inventory keeps the sandbox's
-files-only switches (see launcher/inventory.py), with live sysctls switched on: every sandbox rank
+files-only switches (see launcher/plan/inventory.py), with live sysctls switched on: every sandbox rank
 shadows /proc/sys/vm with its own copy (launcher/sandbox/debian_image.py), checked before the first
 run, so the host's kernel is never changed.
 
@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import config, inventory, node_settings
+from launcher.inputs import config, node_settings
+from launcher.plan import inventory
 from launcher.errors import load_yaml_model
 
 ROOT = Path(__file__).resolve().parents[1]

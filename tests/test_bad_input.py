@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from launcher.cli import main
+from launcher.cli.commands import main
 
 
 def invoke(*args: str):

@@ -25,9 +25,12 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import sandbox_rank_facts
-from launcher import bandwidth, check, config, facts, plan
-from launcher.bandwidth import FAIL, PASS, WARN, Outcome, outcome
-from launcher.cli import main
+from launcher.check import bandwidth, check
+from launcher.inputs import config
+from launcher.facts import facts
+from launcher.plan import plan
+from launcher.check.bandwidth import FAIL, PASS, WARN, Outcome, outcome
+from launcher.cli.commands import main
 
 IMAGE = "sparkstack/keys:0123456789abcdef"
 MiB = 1 << 20
@@ -146,7 +149,7 @@ def ring(tmp_path_factory):
     """The sandbox's ring as a real Spark's cluster.yaml would give it (GPU, RDMA devices, the
     seeds' ulimits), with an API key and an extra env, and each rank's facts from its fixture
     sysfs through the real probe."""
-    from launcher.sandbox import cluster, fabric as sfabric
+    from launcher.sandbox import cluster, fabric_fixture as sfabric
 
     d = tmp_path_factory.mktemp("ring")
     ranks = [{"name": f"spark{i + 1}", "address": f"172.31.240.{11 + i}", "user": "spark",

@@ -23,13 +23,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from launcher import bench
-from launcher.cli import main
+from launcher.bench import bench
+from launcher.cli.commands import main
 from standin_env import model_dir, roomy_env
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
-FLAGS = ROOT / "launcher" / "data" / "vllm-serve-flags-0.33.json"
+STANDIN = ROOT / "launcher" / "sandbox" / "standins" / "standin_vllm.py"
+FLAGS = ROOT / "launcher" / "inputs" / "data" / "vllm-serve-flags-0.33.json"
 KEY = "sk-bench"
 # Timings are checked against what the stand-in cannot beat (it never answers before its TTFT plus
 # prefill, never ends a stream before its rate allows), and above that only loosely: a loaded
@@ -314,7 +314,7 @@ def test_ctrl_c_stops_and_keeps_what_was_measured(server, tmp_path):
     """SIGINT while the second cell streams: exit 130, the first cell written, the second not."""
     start = server.generated()
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from launcher.cli import main; main()")
+            "from launcher.cli.commands import main; main()")
     argv = [sys.executable, "-c", code, "bench", "--url", server.url, "--api-key", KEY,
             "--tasks", "prose,code", "--concurrency", "1", "--max-tokens", "64",
             "--out", str(tmp_path)]
@@ -395,7 +395,7 @@ def test_inputs():
 
 
 def test_profile_sampling_defaults_and_overrides():
-    from launcher.profile import load_profile
+    from launcher.inputs.profile import load_profile
 
     assert bench.profile_sampling(None) == (0.6, 0.95)
     profile = load_profile("keys-1m-dcp4")

@@ -26,10 +26,10 @@ import yaml
 from click.testing import CliRunner
 
 from conftest import example_config
-from launcher import build as build_mod
-from launcher import config as config_mod
-from launcher import images
-from launcher.cli import main
+from launcher.images import build as build_mod
+from launcher.inputs import config as config_mod
+from launcher.images import images
+from launcher.cli.commands import main
 from test_images import PATCH_FILES, write_patches
 
 BUSYBOX = Path("/bin/busybox")

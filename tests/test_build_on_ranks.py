@@ -1,7 +1,7 @@
 """`build --on-ranks` against the sandbox: every rank's own Docker builds the chain over SSH.
 
 The ranks get this session's tiny stand-in base of test_build (busybox + a fake vLLM layout,
-labelled org.sparkstack.test=<session>) through launcher.ship, so the test depends on neither
+labelled org.sparkstack.test=<session>) through launcher.images.ship, so the test depends on neither
 the sandbox's own base nor its patch files. Every image the session made carries the label, on
 this host and on the ranks, and is removed at the end.
 """
@@ -14,9 +14,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import build as build_mod
-from launcher import ship
-from launcher.cli import main
+from launcher.images import build as build_mod
+from launcher.images import ship
+from launcher.cli.commands import main
 from test_build import FOUR, TEST_LABEL, chain_of, loaded_for
 from test_build import docker_client, session, test_base  # noqa: F401 (fixtures)
 from test_images import write_patches

@@ -27,9 +27,13 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
-from launcher import check, config, facts, gather, plan
-from launcher.cli import main
-from launcher.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
+from launcher.check import check
+from launcher.inputs import config
+from launcher.facts import facts
+from launcher.transport import gather
+from launcher.plan import plan
+from launcher.cli.commands import main
+from launcher.facts.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
 
 GIB = 1 << 30
 IMAGE = "sparkstack/keys:0123456789abcdef"
@@ -40,7 +44,7 @@ IMAGE_ID = "sha256:" + "ab" * 32
 
 def sandbox_cluster(directory: Path, **changes) -> config.Loaded:
     """The sandbox's cluster.yaml as `sandbox up` writes it (no sandbox needed), with `changes`."""
-    from launcher.sandbox import cluster, fabric as sfabric
+    from launcher.sandbox import cluster, fabric_fixture as sfabric
 
     ranks = [{"name": f"spark{i + 1}", "address": f"172.31.240.{11 + i}", "user": "spark",
               "fabric_ips": [sfabric.fabric_truth(i)["fabric_ip"]], "sysfs_root": "/sandbox/sysfs"}
@@ -460,7 +464,7 @@ def test_a_model_dir_whose_reads_hang_is_an_nfs_server_not_answering(sandbox_con
     """A read that never returns, as from a dead NFS server (here config.json is a FIFO nobody
     writes, whose open() blocks just so): the real probe still answers within its timeout, and
     check says the NFS server does not answer, with where to look."""
-    from launcher import probe
+    from launcher.onrank import probe
 
     model = tmp_path / "model"
     model.mkdir()

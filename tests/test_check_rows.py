@@ -21,9 +21,10 @@ from click.testing import CliRunner
 
 from local_probe import sandbox_rank_raw
 from test_check import fabric_facts, inputs, row, sandbox_cluster, sandbox_config, with_container  # noqa: F401
-from launcher import check, facts
-from launcher.cli import main
-from launcher.facts import Clock, Docker
+from launcher.check import check
+from launcher.facts import facts
+from launcher.cli.commands import main
+from launcher.facts.facts import Clock, Docker
 
 GIB = 1 << 30
 CASES = Path(__file__).parent / "facts_cases"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from launcher.checkpoint import CheckpointError, ModelShape, read_shape, split_weights
+from launcher.facts.checkpoint import CheckpointError, ModelShape, read_shape, split_weights
 
 CONFIG = {"model_type": "glm_moe_dsa", "num_hidden_layers": 2, "num_nextn_predict_layers": 1,
           "kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_head_dim": 128}

@@ -20,8 +20,8 @@ import yaml
 from click.testing import CliRunner
 
 from test_check_rows import prebuilt_config
-from launcher.cli import main
-from launcher.plan import CONTAINER_NAME
+from launcher.cli.commands import main
+from launcher.plan.plan import CONTAINER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 SPARKSTACK = Path(sys.executable).parent / "sparkstack"  # installed beside the venv's python
@@ -53,7 +53,7 @@ def test_profiles_lists_each_profile_with_engine_seeds_and_description():
 def test_ship_without_an_image_takes_the_chain_top_plan_names(tmp_path):
     """A chain profile with nothing built here: `ship` with no --image looks for the chain's
     top, the very tag `plan` says `up` serves, and says to build it (exit 1, no rank touched)."""
-    from launcher.sandbox import checkpoint
+    from launcher.sandbox import model_fixture as checkpoint
     from test_check import sandbox_cluster
 
     checkpoint.write_patches(tmp_path / "patches")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from launcher.cli import main
+from launcher.cli.commands import main
 
 
 def run_plan(path):

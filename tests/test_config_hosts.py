@@ -4,8 +4,8 @@ Ansible inventories: only a host name or an IP address is let in, at load, with 
 import pytest
 from click.testing import CliRunner
 
-from launcher import config
-from launcher.cli import main
+from launcher.inputs import config
+from launcher.cli.commands import main
 
 
 def rank(i, **fields):

@@ -7,10 +7,10 @@ from ipaddress import IPv4Address
 import pytest
 
 from local_probe import sandbox_rank_facts
-from launcher import fabric
-from launcher.fabric import FabricError
-from launcher.facts import Clock, DockerUlimits, Facts, Gid, Interface, RdmaDevice, RdmaPort, Ulimits
-from launcher.sandbox import fabric as sandbox_fabric
+from launcher.facts import fabric
+from launcher.facts.fabric import FabricError
+from launcher.facts.facts import Clock, DockerUlimits, Facts, Gid, Interface, RdmaDevice, RdmaPort, Ulimits
+from launcher.sandbox import fabric_fixture as sandbox_fabric
 
 HCAS = [("rocep1s0f0", "enp1s0f0np0"), ("roceP2p1s0f0", "enP2p1s0f0np0"),
         ("rocep1s0f1", "enp1s0f1np1"), ("roceP2p1s0f1", "enP2p1s0f1np1")]

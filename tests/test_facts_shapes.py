@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 
 from local_probe import sandbox_rank_facts, sandbox_rank_raw
-from launcher import check, facts, gather, plan, prep
-from launcher.facts import FactError
-from launcher.remote import Result, Target
+from launcher.check import check
+from launcher.facts import facts
+from launcher.transport import gather
+from launcher.plan import plan
+from launcher.apply import prep
+from launcher.facts.facts import FactError
+from launcher.transport.remote import Result, Target
 
 CASES = Path(__file__).parent / "facts_cases"
 

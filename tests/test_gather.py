@@ -10,8 +10,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import config, gather, node_settings, plan, serve
-from launcher.cli import main
+from launcher.inputs import config, node_settings
+from launcher.transport import gather
+from launcher.plan import plan
+from launcher.apply import serve
+from launcher.cli.commands import main
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT
-from launcher import config as config_mod
-from launcher import images
-from launcher.cli import main
+from launcher.inputs import config as config_mod
+from launcher.images import images
+from launcher.cli.commands import main
 from launcher.errors import ConfigError
 
 GOLDEN = ROOT / "tests" / "golden" / "dockerfiles"
@@ -234,7 +234,7 @@ def test_missing_patches_dir(write_config):
 def test_cli_refuses_before_docker(write_config, patches, monkeypatch):
     (patches / "mla_attn_dcp.py").unlink()
     path = write_config(lambda d: d.update(images={"patches_dir": str(patches)}))
-    from launcher import build as build_mod
+    from launcher.images import build as build_mod
     monkeypatch.setattr(build_mod, "connect", lambda *a, **k: pytest.fail("Docker was asked"))
     result = CliRunner().invoke(main, ["build", "-c", str(path)])
     assert result.exit_code == 2

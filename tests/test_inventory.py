@@ -1,4 +1,4 @@
-"""`sparkstack ansible-inventory` and launcher/node_settings.py: pure tests, no ranks needed.
+"""`sparkstack ansible-inventory` and launcher/inputs/node_settings.py: pure tests, no ranks needed.
 
 The golden inventories come from env/cluster.example.yaml (as shipped, and with its commented
 `nfs` and `jump` lines switched on), with HOME fixed so `~` expands the same everywhere.
@@ -17,8 +17,10 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from launcher import cli, config, inventory, node_settings
-from launcher.node_settings import NodeSettingsError
+from launcher.cli import commands as cli
+from launcher.inputs import config, node_settings
+from launcher.plan import inventory
+from launcher.inputs.node_settings import NodeSettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "inventory"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from launcher import kv, plan
-from launcher.checkpoint import ModelShape
-from launcher.profile import load_profile
+from launcher.plan import kv, plan
+from launcher.facts.checkpoint import ModelShape
+from launcher.inputs.profile import load_profile
 
 GLM53 = ModelShape(num_hidden_layers=78, num_nextn_predict_layers=1, kv_lora_rank=512,
                    qk_rope_head_dim=64, index_head_dim=128)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher import registry
+from launcher.images import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_registry = pytest.mark.skipif(shutil.which(registry.REGISTRY_BINARY) is None,

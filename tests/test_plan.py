@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, SHARED
-from launcher.cli import main
-from launcher.profile import load_profile, profile_names
+from launcher.cli.commands import main
+from launcher.inputs.profile import load_profile, profile_names
 from test_checkpoint import checkpoint  # noqa: F401  (a small real checkpoint fixture)
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -311,8 +311,10 @@ def test_tensorfold_ranks_get_their_own_fabric_env(tmp_path):
     on its second port), through the real probe of the sandbox's fixture trees."""
     import yaml
 
-    from launcher import config, plan, serve
-    from launcher.sandbox import cluster, fabric as sfabric
+    from launcher.inputs import config
+    from launcher.plan import plan
+    from launcher.apply import serve
+    from launcher.sandbox import cluster, fabric_fixture as sfabric
     from local_probe import sandbox_rank_facts
 
     ranks = [{"name": f"spark{i + 1}", "address": f"172.31.240.{11 + i}", "user": "spark",
@@ -347,7 +349,8 @@ def example_facts(mgmt_names=("enP7s7", "eno1", "enP7s7", "enP7s7"), **kw):
 
 
 def build(path, found):
-    from launcher import config, plan
+    from launcher.inputs import config
+    from launcher.plan import plan
 
     return plan.build(config.load(path), facts=found)
 

@@ -16,9 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import config, gather, node_settings, prep
-from launcher.cli import main
-from launcher.facts import Memory, Mount
+from launcher.inputs import config, node_settings
+from launcher.transport import gather
+from launcher.apply import prep
+from launcher.cli.commands import main
+from launcher.facts.facts import Memory, Mount
 
 GIB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""This host's registry (launcher/registry.py) with the real docker-registry, fed through its own
+"""This host's registry (launcher/images/registry.py) with the real docker-registry, fed through its own
 HTTP API (no Docker needed): its storage is private, and `registry-prune` empties it, but never
 under a running ship."""
 
@@ -10,8 +10,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from launcher import registry
-from launcher.cli import main
+from launcher.images import registry
+from launcher.cli.commands import main
 
 pytestmark = pytest.mark.skipif(shutil.which(registry.REGISTRY_BINARY) is None,
                                 reason="docker-registry is not installed")

@@ -1,6 +1,6 @@
-"""The relay's gate (launcher/relay_gate.py) on loopback: only the peers get in, only this ship's
+"""The relay's gate (launcher/onrank/relay_gate.py) on loopback: only the peers get in, only this ship's
 manifests and blobs get through, and it cleans up once the upstream forward is gone. Also how
-launcher/relay.py hands it its spec and quotes what it runs on rank 0."""
+launcher/images/relay.py hands it its spec and quotes what it runs on rank 0."""
 
 import http.server
 import json
@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from launcher import config, relay, relay_gate
+from launcher.inputs import config
+from launcher.images import relay
+from launcher.onrank import relay_gate
 
 REPOS = {"sparkstack/keys": {"manifests": ["abc123", "sha256:m1"], "blobs": ["sha256:l1", "sha256:c1"]}}
 

@@ -12,7 +12,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from launcher import config, remote
+from launcher.inputs import config
+from launcher.transport import remote
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from launcher.safetensors_header import HeaderError, read_header, tensor_bytes, write_safetensors
+from launcher.facts.safetensors_header import HeaderError, read_header, tensor_bytes, write_safetensors
 
 
 def test_reads_headers_written_by_safetensors(tmp_path):

@@ -10,8 +10,11 @@ import re
 
 import pytest
 
-from launcher import api, check, config, serve
-from launcher.remote import Group
+from launcher.transport import api
+from launcher.check import check
+from launcher.inputs import config
+from launcher.apply import serve
+from launcher.transport.remote import Group
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def ranks(loaded, sandbox):
 def planned(loaded, ranks):
     """The plan `up` would start (prep and ship are test_serve's business: the image is made
     present here by one `up`, then stopped)."""
-    from launcher import deploy
+    from launcher.apply import deploy
 
     deploy.up(loaded, ranks, say=lambda _m: None)
     serve.stop(ranks)

@@ -12,9 +12,15 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import api, apikey, bench, check, config, plan, redact, serve
-from launcher.cli import main
-from launcher.console import friendly_errors
+from launcher.transport import api
+from launcher.inputs import apikey, config
+from launcher.bench import bench
+from launcher.check import check
+from launcher.plan import plan
+from launcher import redact
+from launcher.apply import serve
+from launcher.cli.commands import main
+from launcher.cli.console import friendly_errors
 from launcher.errors import SparkstackError
 from local_probe import sandbox_rank_facts
 from test_bench import Standin

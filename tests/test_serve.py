@@ -213,7 +213,7 @@ def test_switch_topology_serves(sandbox, cfg, started):
     RDMA on each rank's fabric port, every pair reachable, so NCCL's own algorithm choice is
     fine (no NCCL_ALGO) and the rendezvous is rank 0's fabric IP."""
     from launcher.sandbox import cluster as sandbox_cluster
-    from launcher.sandbox import fabric
+    from launcher.sandbox import fabric_fixture as fabric
 
     assert cli("down", "-c", cfg).exit_code == 0
     try:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from launcher import serve
-from launcher.remote import Result, Target
+from launcher.apply import serve
+from launcher.transport.remote import Result, Target
 
 RANK = Target(2, "spark3", "10.0.0.13")
 STATE = {"Status": "running", "Running": True, "OOMKilled": False, "ExitCode": 0,

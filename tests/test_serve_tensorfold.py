@@ -1,5 +1,5 @@
 """`up` with the TensorFold profile on the sandbox: every rank runs `python3 -m tensorfold.cli serve`
-(the stand-in, launcher/sandbox/standin_tensorfold.py) with its own --rank and its own fabric env,
+(the stand-in, launcher/sandbox/standins/standin_tensorfold.py) with its own --rank and its own fabric env,
 the followers first, then rank 0, which serves the API on :8890 once all four formed one cluster."""
 
 import json

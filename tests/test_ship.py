@@ -13,8 +13,9 @@ import docker
 import pytest
 from click.testing import CliRunner
 
-from launcher import config, relay, ship
-from launcher.cli import main
+from launcher.inputs import config
+from launcher.images import relay, ship
+from launcher.cli.commands import main
 
 RUN_ID = uuid.uuid4().hex[:8]
 
@@ -193,7 +194,7 @@ def big(sandbox, client, images):
 
 
 def group_of(sandbox, dead_after: float = 30):
-    from launcher.remote import Group
+    from launcher.transport.remote import Group
 
     return Group.for_cluster(config.load(sandbox.config).cluster, attempts=1, dead_after=dead_after,
                              say=lambda line: None)
@@ -311,7 +312,7 @@ def test_relay_gate_serves_only_this_ships_images_and_only_to_the_ranks(sandbox,
     """The cache on rank 0 behind its gate, shipping `base` only: a rank reads base's manifest
     and blobs; not `top`'s layer (this host's registry holds it), nor the catalog; this host,
     which is not a rank, is cut off at once. Stopped, nothing is left."""
-    from launcher.registry import LocalRegistry
+    from launcher.images.registry import LocalRegistry
 
     base, top = images
     route = relay.route(config.load(sandbox.config))

@@ -1,4 +1,4 @@
-"""The stand-in's NCCL/Gloo rules (launcher/sandbox/standin_dist.py) on the sandbox's own sysfs
+"""The stand-in's NCCL/Gloo rules (launcher/sandbox/standins/standin_dist.py) on the sandbox's own sysfs
 fixture trees: which HCAs and GIDs NCCL would use, which peers it connects, and a failed
 connection reported on every rank with the pair named."""
 
@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from launcher.sandbox import fabric
+from launcher.sandbox import fabric_fixture as fabric
 from test_standin_vllm import ROOT, free_port
 
-spec = importlib.util.spec_from_file_location("standin_dist", ROOT / "launcher/sandbox/standin_dist.py")
+spec = importlib.util.spec_from_file_location("standin_dist", ROOT / "launcher/sandbox/standins/standin_dist.py")
 dist = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(dist)
 

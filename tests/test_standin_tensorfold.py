@@ -1,4 +1,4 @@
-"""The sandbox's stand-in `tensorfold` (launcher/sandbox/standin_tensorfold.py), run as the image
+"""The sandbox's stand-in `tensorfold` (launcher/sandbox/standins/standin_tensorfold.py), run as the image
 runs it: `python3 -m tensorfold.cli ...` over the image's own dist-packages layout
 (debian_image.standin_site_packages), as a real process on 127.0.0.1.
 
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.sandbox import checkpoint, debian_image
+from launcher.sandbox import model_fixture as checkpoint, debian_image
 from test_standin_vllm import chat, free_port, http, metric, stream
 
 ROOT = Path(__file__).resolve().parents[1]
-SANDBOX = ROOT / "launcher" / "sandbox"
+SANDBOX = ROOT / "launcher" / "sandbox" / "standins"
 GOLDEN_PLAN = ROOT / "tests" / "golden" / "plan-tensorfold.json"
 STUB_DIST = '''"""Test stub of standin_dist: records the call; answers STUB_DIST_ANSWER (else success)."""
 import json, os

@@ -1,4 +1,4 @@
-"""The sandbox's stand-in `vllm` (launcher/sandbox/standin_vllm.py), run as a real process on
+"""The sandbox's stand-in `vllm` (launcher/sandbox/standins/standin_vllm.py), run as a real process on
 127.0.0.1 and spoken to over real HTTP with the standard library only."""
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from launcher import vllm_flags
-from launcher.cli import main as cli_main
-from launcher.profile import load_profile, profile_names
+from launcher.inputs import vllm_flags
+from launcher.cli.commands import main as cli_main
+from launcher.inputs.profile import load_profile, profile_names
 from standin_env import gb10_meminfo, model_dir, roomy_env
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "launcher" / "sandbox" / "standin_vllm.py"
+STANDIN = ROOT / "launcher" / "sandbox" / "standins" / "standin_vllm.py"
 FLAGS = vllm_flags.FLAGS_FILE  # the table the sandbox image carries
 SEED_FLAGS = [
     "--kv-cache-dtype", "fp8", "--max-model-len", "200000", "--max-num-seqs", "8",
@@ -42,7 +42,7 @@ RATE, TTFT = 50.0, 0.1
 
 
 def load_module():
-    """Imported by file path: launcher/sandbox/ has no package marker this test may rely on."""
+    """Imported by file path: launcher/sandbox/standins/ has no package marker this test may rely on."""
     spec = importlib.util.spec_from_file_location("standin_vllm", STANDIN)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -562,7 +562,7 @@ def test_code_task_is_not_mistaken_for_a_needle():
 
 # ---------------------------------------------------------------- the Ray stand-in
 
-RAY = ROOT / "launcher" / "sandbox" / "standin_ray.py"
+RAY = ROOT / "launcher" / "sandbox" / "standins" / "standin_ray.py"
 
 
 def test_ray_head_workers_and_a_waiting_vllm(tmp_path):

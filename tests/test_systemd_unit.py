@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import EXAMPLE_CONFIG
-from launcher.cli import main
+from launcher.cli.commands import main
 
 
 def unit_of(result) -> configparser.ConfigParser:

@@ -56,7 +56,7 @@ def test_interrupted_up_stops_what_it_started(sandbox, slow_cfg, signum):
 
 def test_stopped_is_said_only_when_every_rank_confirms_it(sandbox, group):
     """A rank whose Docker does not answer (its CLI gone here) is not counted as stopped."""
-    from launcher import serve
+    from launcher.apply import serve
 
     hide = "sudo mv /usr/bin/docker /usr/bin/docker.hidden"
     assert sandbox.run("spark3", hide, user="spark")[0] == 0

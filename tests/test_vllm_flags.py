@@ -3,8 +3,8 @@ import json
 import pytest
 
 from conftest import SHARED
-from launcher import vllm_flags
-from launcher.vllm_flags import Flag, FlagError, parse, split_lines
+from launcher.inputs import vllm_flags
+from launcher.inputs.vllm_flags import Flag, FlagError, parse, split_lines
 
 
 def test_vendored_table_is_the_shared_one_plus_value_parsers():

@@ -1,12 +1,13 @@
-"""vLLM 0.33's startup memory guard (launcher/vllm_guard.py) against the real message's figures."""
+"""vLLM 0.33's startup memory guard (launcher/inputs/vllm_guard.py) against the real message's figures."""
 
 import json
 
 import pytest
 
 from conftest import ROOT
-from launcher import plan, vllm_guard
-from launcher.vllm_guard import GIB
+from launcher.plan import plan
+from launcher.inputs import vllm_guard
+from launcher.inputs.vllm_guard import GIB
 
 GB10_TOTAL = 127_600_000 * 1024  # 121.69 GiB
 RUNTIME = 14 * GIB

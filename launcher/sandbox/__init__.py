@@ -1,4 +1,8 @@
 """The sandbox cluster: four simulated DGX Spark ranks on the local Docker engine.
 
-`cluster.up/down/status` do the work; `cli.sandbox` is the `sparkstack sandbox` command group.
+`cluster.up/down/status` do the work, with the ranks' fake hardware from fabric_fixture (sysfs,
+cabling) and model_fixture (a small checkpoint), the Debian image from debian_image and the
+stand-ins from standins/; `launcher.cli.sandbox` is the `sparkstack sandbox` command group.
+
+May import `launcher.inputs`, `launcher.facts` and the top-level errors; never the cli.
 """

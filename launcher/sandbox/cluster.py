@@ -58,9 +58,9 @@ from pathlib import Path
 
 import yaml
 
-from . import checkpoint as ckpt
-from . import debian_image, fabric, links
+from . import debian_image, fabric_fixture as fabric, links
 from . import meminfo as meminfo_mod
+from . import model_fixture as ckpt
 from .errors import SandboxError
 
 LABEL = "org.sparkstack.sandbox"

@@ -51,22 +51,18 @@ _DPKG_EXCLUDES = [
 # (~50 MB more in every image, and every rank loads the stand-in image at `up`).
 MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
 
-HERE = Path(__file__).resolve().parent
-
-
-def repo_root() -> Path:
-    return HERE.parent.parent
+STANDINS = Path(__file__).resolve().parent / "standins"
 
 
 def serve_flags_file() -> Path:
     """vLLM 0.33's option table: the kit's own vendored copy, the one `plan` checks flags with."""
-    from .. import vllm_flags
+    from ..inputs import vllm_flags
 
     return vllm_flags.FLAGS_FILE
 
 
 def standin_program() -> Path:
-    return HERE / "standin_vllm.py"
+    return STANDINS / "standin_vllm.py"
 
 
 def mirror() -> str:
@@ -323,22 +319,22 @@ STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py"
 def standin_site_packages() -> dict[str, bytes]:
     """dist-packages files of the stand-in image, by path under dist-packages."""
     files = dict(STANDIN_PACKAGE)
-    files.update({name: (HERE / name).read_bytes()
+    files.update({name: (STANDINS / name).read_bytes()
                   for name in ("standin_vllm.py", "standin_dist.py", "standin_ray.py")})
     files["tensorfold/__init__.py"] = TENSORFOLD_INIT
-    files["tensorfold/cli.py"] = (HERE / "standin_tensorfold.py").read_bytes()
+    files["tensorfold/cli.py"] = (STANDINS / "standin_tensorfold.py").read_bytes()
     return files
 
 
 def standin_stage() -> FilesStage:
     flags = serve_flags_file()
-    for path, what in ([(HERE / m, f"the stand-in {m}") for m in STANDIN_MODULES]
+    for path, what in ([(STANDINS / m, f"the stand-in {m}") for m in STANDIN_MODULES]
                        + [(flags, "vLLM's serve flags table")]):
         if not path.is_file():
             raise SandboxError(f"{what} is missing: {path}",
                                "restore it from the repository (git checkout -- launcher)")
     return FilesStage("sandbox-vllm", STANDIN_FS, STANDIN_DOCKERFILE,
-                      {"vllm": standin_program().read_bytes(), "ray": (HERE / "standin_ray.py").read_bytes(),
+                      {"vllm": standin_program().read_bytes(), "ray": (STANDINS / "standin_ray.py").read_bytes(),
                        "serve-flags.json": flags.read_bytes(),
                        **{f"site-packages/{k}": v for k, v in standin_site_packages().items()}},
                       {"vllm": 0o755, "ray": 0o755})

@@ -23,7 +23,7 @@ import json
 import subprocess
 from dataclasses import dataclass
 
-from . import fabric
+from . import fabric_fixture as fabric
 from .errors import SandboxError
 
 FABRIC_NET = f"{fabric.FABRIC_NET}/24"  # every link's /30 lies in it

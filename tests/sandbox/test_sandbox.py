@@ -20,7 +20,7 @@ import paramiko
 import pytest
 import yaml
 
-from launcher.sandbox import cluster, debian_image, fabric, links
+from launcher.sandbox import cluster, debian_image, fabric_fixture as fabric, links
 from launcher.sandbox.errors import SandboxError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def sparkstack(*args, env=None, timeout=300):
     """Run the real console script (falls back to the module when not installed)."""
     exe = Path(sys.executable).with_name("sparkstack")
     cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-c",
-                                                  "from launcher.cli import main; main()", *args]
+                                                  "from launcher.cli.commands import main; main()", *args]
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT)
@@ -224,7 +224,7 @@ def test_checkpoint_same_bytes_on_every_rank(sandbox):
         assert got == expected, name
     cfg = json.loads((host_dir / "config.json").read_text())
     assert cfg["model_type"] == "glm_moe_dsa" and cfg["architectures"] == ["GlmMoeDsaForCausalLM"]
-    from launcher.safetensors_header import read_header
+    from launcher.facts.safetensors_header import read_header
 
     index = json.loads((host_dir / "model.safetensors.index.json").read_text())
     for tensor, shard in index["weight_map"].items():
@@ -272,7 +272,7 @@ def test_cluster_yaml_describes_the_sandbox(sandbox):
         assert [str(ip) for ip in rank["fabric_ips"]] == [sandbox.truth[rank["name"]]["fabric_ip"]]
         assert rank["sysfs_root"] == cluster.SYSFS_ROOT
     try:
-        from launcher import config as config_mod
+        from launcher.inputs import config as config_mod
     except ImportError:
         return
     loaded = config_mod.load(sandbox.config)

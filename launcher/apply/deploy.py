@@ -1,0 +1,143 @@
+"""`up` and `down`: the whole re-deploy after a boot, and taking it all away again.
+
+up = the API key (generated the first time, launcher/inputs/apikey.py) → prepare the nodes → check
+every rank (any failure stops here, nothing started) → build and ship only if a rank lacks the
+profile's image → start (workers, then the head) → wait until the API answers. A cluster
+already running as planned is left alone (`restart` forces a new start).
+Interrupted (Ctrl+C, SIGTERM, SIGHUP): what is in flight is cancelled, the containers this run
+started are stopped, and the message says whether every rank confirmed it; a second interrupt
+exits without waiting for that stop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import prep, serve
+from ..check import check
+from ..errors import Interrupted, SparkstackError
+from ..images import build, ship
+from ..inputs import apikey
+from ..inputs.config import Loaded
+from ..plan import plan as plan_mod
+from ..transport import api
+from ..transport.remote import Group
+
+
+@dataclass
+class UpReport:
+    steps: list[str] = field(default_factory=list)
+    changed: bool = False
+    starting: bool = False  # this run has begun (re)starting the serving containers
+    seconds: float = 0.0
+
+
+def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
+    """Connections for `up`/`down`/`status`: retried, since a rank may still be booting."""
+    return Group.for_cluster(loaded.cluster, trust_new=trust_new, say=say)
+
+
+def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
+       say=print) -> UpReport:
+    """prep → check (a failed row starts nothing) → images → start → wait (module docstring)."""
+    report = UpReport()
+    try:
+        return _up(loaded, group, report, restart, wait_timeout, say)
+    except KeyboardInterrupt:
+        raise Interrupted(_after_interrupt(group, report, say)) from None
+
+
+def _after_interrupt(group: Group, report: UpReport, say) -> str:
+    """Stop what this run started; a second interrupt gives up on that at once."""
+    if not report.starting:
+        return "interrupted; nothing was started"
+    say("interrupted: stopping the serving containers this run started (interrupt again to exit now)")
+    try:
+        return f"interrupted; {serve.stop_and_say(group)}"
+    except KeyboardInterrupt:
+        names = ", ".join(c.target.name for c in group.connections)
+        return (f"interrupted twice: exited without waiting for the stop; a serving container may "
+                f"still run on {names}: run `sparkstack down`")
+
+
+def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
+        say) -> UpReport:
+    started = time.monotonic()
+    apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
+    say("preparing the nodes (sysctls, checkpoint mount, page caches)")
+    prep.prepare(loaded, group, say=say).raise_for_failures()
+    report.steps.append("prepared the nodes")
+    say("checking every rank")
+    the_plan = check.plan_or_refuse(loaded, group)  # the image row is settled below
+    report.steps.append("checked every rank")
+    current = serve.states(group)
+    if serve.is_current(current, the_plan) and not restart:
+        say("already running as planned: nothing to change (--restart forces a new start)")
+    else:
+        report.changed = True
+        _ensure_images(loaded, the_plan.image, group, report, say)
+        # Ray is vLLM's; TensorFold starts as its recipe does: ranks > 0 first, then rank 0
+        ray = loaded.cluster.multinode == "ray" and loaded.profile.engine == "vllm"
+        if loaded.profile.engine == "vllm" and len(the_plan.ranks) > 1:
+            serve.require_multinode(group.connections[0], the_plan.image, loaded.cluster.multinode)
+        say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks" + (" (Ray)" if ray else ""))
+        report.starting = True
+        serve.start(the_plan, group, say=say, head_first=ray)
+        report.steps.append("started every rank")
+    say("waiting for the API")
+    try:
+        api.wait_ready(api.endpoint(loaded), wait_timeout, say=say, watch=lambda: serve.watch(group))
+    except api.NotServing as e:
+        problems = [serve.diagnose(group, s) for s in serve.states(group)]  # before the stop
+        stopped = f"; {serve.stop_and_say(group)}" if report.changed else ""
+        raise SparkstackError(e.message + stopped + "\neach rank as the wait gave up:\n"
+                              + "\n".join(problems)) from None
+    report.steps.append("the API answers")
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say) -> None:
+    """Build and ship only when a rank lacks the serving image (by image ID)."""
+    try:
+        ids = ship.local_image_ids([image])  # Docker's socket: docker-py is not imported
+    except SparkstackError:
+        if loaded.profile.image.prebuilt:
+            if _on_every_rank(image, group, say):
+                return  # pulled or loaded on the ranks themselves: nothing to ship from here
+            raise
+        say(f"building {image}")
+        build.build_chain(build.connect(), build.local_chain(loaded))
+        ids = ship.local_image_ids([image])
+        report.steps.append("built the image chain")
+    shipment = ship.make_plan(group, ids)
+    if shipment.needed:
+        ship.apply(shipment, group, say=say)
+        report.steps.append("shipped " + image)
+    failed = [r for r in shipment.ranks if r.status == "failed"]
+    if failed:
+        raise SparkstackError("cannot put the image on every rank, nothing was started:\n"
+                              + "\n".join(r.error or f"rank {r.rank}: failed" for r in failed))
+
+
+def _on_every_rank(image: str, group: Group, say) -> bool:
+    """A prebuilt image absent here is fine when every rank has it under one image ID."""
+    found = ship.rank_image_ids(group, [image])
+    ids = {have.get(image) if have else None for _t, have, _why in found}
+    if len(ids) == 1 and None not in ids:
+        say(f"{image} is not on this host, but every rank has it ({ids.pop().removeprefix('sha256:')[:12]}): "
+            "nothing to ship")
+        return True
+    return False
+
+
+def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAIT_TIMEOUT_S) -> list[str]:
+    """Stop and remove the serving container on every rank, then wait until each rank's
+    MemAvailable is back to what the plan needs. Returns the ranks that failed to stop."""
+    failed = serve.stop(group)
+    for r in failed:
+        say(f"{r.target.name}: {r.why()}")
+    stopped = [c.target.rank for c in group.connections if c.target.name not in {r.target.name for r in failed}]
+    prep.wait_for_memory(group, stopped, plan_mod.memory_need(loaded).total, timeout=wait_timeout, say=say)
+    return [r.target.name for r in failed]

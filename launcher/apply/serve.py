@@ -1,0 +1,227 @@
+"""The serving containers on the ranks: start (workers, then the head), stop, state, logs.
+
+All or nothing: if any rank's container fails to start or exits while the cluster comes up,
+every rank's container is stopped and each failed rank is reported with its exit code (an OOM
+kill said plainly) and its last log lines. Never a half-started cluster.
+
+Each container carries a label with the hash of its rank's plan (env, docker run, engine argv),
+so `up` on a cluster already running as planned changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass
+
+from ..errors import SparkstackError
+from ..plan.plan import CONTAINER_NAME, Plan, RankPlan, env_file
+from ..transport.remote import Connection, Group, Result
+
+PLAN_LABEL = "org.sparkstack.plan"
+LOG_TAIL = 30
+# vLLM's multiprocessing executor across nodes (--nnodes/--node-rank/--master-addr/--headless)
+# is not in old releases; an image older than this is refused rather than handed flags it
+# rejects. The seeds run vLLM 0.28 and later.
+MIN_NATIVE_MULTINODE = (0, 11, 1)
+
+
+class StartFailed(SparkstackError):
+    pass
+
+
+@dataclass
+class RankState:
+    """One rank's serving container as Docker reports it."""
+
+    rank: int
+    host: str
+    state: str                 # running | exited | created | absent | unreachable | unknown
+    exit_code: int | None = None
+    oom_killed: bool = False
+    started_at: str | None = None
+    image: str | None = None
+    plan_hash: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.state in ("unreachable", "unknown"):
+            return self.error or self.state
+        if self.oom_killed:
+            return f"killed by the kernel's OOM killer (exit {self.exit_code}): the rank ran out of memory"
+        if self.state == "exited":
+            return f"exited with code {self.exit_code}"
+        return self.state
+
+
+def plan_hash(rank: RankPlan) -> str:
+    blob = json.dumps([rank.env, rank.docker_run, rank.engine], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def run_command(rank: RankPlan) -> tuple[str, bytes]:
+    """The rank's `docker run` command line, labelled with its plan's hash, and its environment,
+    which travels on stdin (`--env-file /dev/stdin`) so no value -- the API key included -- is
+    ever on a command line."""
+    argv = list(rank.docker_run)
+    at = argv.index("-d") + 1
+    argv[at:at] = ["--label", f"{PLAN_LABEL}={plan_hash(rank)}"]
+    return shlex.join(argv + rank.engine), env_file(rank.env, f"rank {rank.rank}")
+
+
+_INSPECT = ("docker inspect --format '{{json .State}}\t{{index .Config.Labels \"" + PLAN_LABEL
+            + "\"}}\t{{.Config.Image}}' " + CONTAINER_NAME + " 2>/dev/null || echo absent")
+
+
+def _parse_state(result: Result) -> RankState:
+    t = result.target
+    if result.error or result.exit_status != 0:
+        return RankState(t.rank, t.address, "unreachable", error=result.why())
+    lines = result.stdout.strip().splitlines()
+    line = lines[-1] if lines else ""  # what a login shell prints first (a banner) is not ours
+    if line == "absent":
+        return RankState(t.rank, t.address, "absent")
+    try:
+        return _state_of(result, line)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON errors are ValueErrors
+        return RankState(t.rank, t.address, "unknown", error=f"{t.name}: `docker inspect` printed "
+                         f"{line!r:.200}, not the container's state ({e})")
+
+
+def _state_of(result: Result, line: str) -> RankState:
+    """One `_INSPECT` line: State as JSON, the plan label, the image, tab-separated."""
+    state_json, label, image = line.split("\t")
+    state = json.loads(state_json)
+    status, code, started = state["Status"], state.get("ExitCode"), state.get("StartedAt")
+    if not isinstance(status, str) or type(code) not in (int, type(None)) \
+            or type(started) not in (str, type(None)):
+        raise ValueError("State.Status, ExitCode or StartedAt of another type")
+    t = result.target
+    return RankState(t.rank, t.address, status, code, bool(state.get("OOMKilled")), started, image, label or None)
+
+
+def states(group: Group) -> list[RankState]:
+    return [_parse_state(r) for r in group.run(_INSPECT, timeout=20).results]
+
+
+def is_current(current: list[RankState], plan: Plan) -> bool:
+    """Every rank runs a container made from this very plan."""
+    wanted = {r.rank: plan_hash(r) for r in plan.ranks}
+    return all(s.state == "running" and s.plan_hash == wanted[s.rank] for s in current)
+
+
+STOP_TRIES = 15  # seconds of retrying removal
+SETTLE_S = 2  # after a start was cut short: absent this many seconds in a row counts as gone
+
+
+def stop(group: Group, settle_s: int = 0) -> list[Result]:
+    """Remove the serving container on every rank; nothing there is fine. A rank counts as
+    stopped only when its Docker answers that no such container is left (a missing CLI or a
+    daemon that does not answer is a failure, not an absence). A `docker run` cut short (Ctrl+C
+    during `up`) can still create its container after the first `rm -f`: removal is retried,
+    and with `settle_s` the container must stay absent that many seconds before it counts."""
+    results = group.run(f"quiet=0; for try in $(seq {STOP_TRIES}); do "
+                        f"docker rm -f {CONTAINER_NAME} >/dev/null 2>&1; "
+                        f"left=$(docker ps -aq --filter name=^{CONTAINER_NAME}$) || exit; "
+                        f"if [ -n \"$left\" ]; then quiet=0; "
+                        f"elif [ $quiet -ge {settle_s} ]; then exit 0; else quiet=$((quiet+1)); fi; "
+                        f"sleep 1; done; echo '{CONTAINER_NAME} is still there' >&2; exit 1",
+                        timeout=60 + STOP_TRIES).results
+    return [r for r in results if not r.ok]
+
+
+def stop_and_say(group: Group) -> str:
+    """Stop every rank's container and say so only as far as every rank confirmed it. Called
+    when a start failed or was interrupted, so a start still in flight is waited out."""
+    failed = stop(group, settle_s=SETTLE_S)
+    if not failed:
+        return "every rank's container was stopped"
+    return ("the container could not be stopped on " + "; ".join(f"{r.target.name} ({r.why()})" for r in failed)
+            + ": run `sparkstack down` once it answers")
+
+
+def engine_version(conn: Connection, image: str) -> tuple[int, ...] | None:
+    """The vLLM version inside the image (`vllm --version`), or None if it cannot tell."""
+    r = conn.run(f"docker run --rm --network none {shlex.quote(image)} vllm --version", timeout=300)
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", r.stdout) if r.ok else None
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def require_multinode(conn: Connection, image: str, multinode: str) -> None:
+    """Refuse, before anything starts, an image that cannot run the chosen multi-node mode."""
+    if multinode == "ray":
+        r = conn.run(f"docker run --rm --network none {shlex.quote(image)} ray --version", timeout=300)
+        if not r.ok:
+            raise StartFailed(f"{conn.target.name}: {image} has no Ray (`ray --version` in the image: "
+                              f"{r.why()}); multinode: ray needs an image with Ray installed, or use "
+                              "multinode: native")
+        return
+    require_native_multinode(conn, image)
+
+
+def require_native_multinode(conn: Connection, image: str) -> None:
+    version = engine_version(conn, image)
+    if version is None:
+        raise StartFailed(f"{conn.target.name}: cannot read the vLLM version of {image} "
+                          "(`vllm --version` in the image failed); is it a vLLM image?")
+    if version < MIN_NATIVE_MULTINODE:
+        need = ".".join(map(str, MIN_NATIVE_MULTINODE))
+        raise StartFailed(f"{image} has vLLM {'.'.join(map(str, version))}: native multi-node "
+                          f"(--nnodes/--node-rank/--master-addr) needs {need} or newer; use a newer image")
+
+
+def start(plan: Plan, group: Group, say=print, head_first: bool = False) -> list[RankState]:
+    """Workers first (ranks 1..n-1, headless), then the head (rank 0) -- or, for Ray
+    (`head_first`), the head and then the workers that join it. Any failure stops every rank
+    and raises StartFailed with each failed rank's diagnosis. A rank that dies later, while the
+    model loads, is caught by `watch` (called while waiting for the API)."""
+    by_rank = {c.target.rank: c for c in group.connections}
+    leftovers = stop(group)
+    if leftovers:
+        raise StartFailed("cannot clear the old serving containers:\n"
+                          + "\n".join(f"{r.target.name}: {r.why()}" for r in leftovers))
+    workers = [r for r in plan.ranks if r.rank != 0]
+    head = [r for r in plan.ranks if r.rank == 0]
+    order = ((head, "head"), (workers, "workers")) if head_first else ((workers, "workers"), (head, "head"))
+    for batch, what in order:
+        if not batch:
+            continue
+        say(f"starting {what}: " + ", ".join(by_rank[r.rank].target.name for r in batch))
+        results = Group([by_rank[r.rank] for r in batch]).each(lambda c: _start_one(plan, c)).results
+        failed = [res for res in results if not res.ok]
+        if failed:
+            _abort(group, [f"{r.target.name}: docker run failed: {r.why()}" for r in failed])
+    return watch(group)
+
+
+def _start_one(plan: Plan, conn: Connection) -> Result:
+    command, env_file = run_command(plan.ranks[conn.target.rank])
+    return conn.run(command, stdin=env_file, timeout=120)
+
+
+def watch(group: Group) -> list[RankState]:
+    """Every rank's container must be running; if one is not, stop all and say why."""
+    current = states(group)
+    dead = [s for s in current if s.state != "running"]
+    if dead:
+        _abort(group, [diagnose(group, s) for s in dead])
+    return current
+
+
+def diagnose(group: Group, state: RankState) -> str:
+    """A failed rank in one block: what happened and its last log lines."""
+    conn = next(c for c in group.connections if c.target.rank == state.rank)
+    lines = [f"{conn.target.name}: {state.describe()}"]
+    if state.state != "unreachable":
+        tail = conn.run(f"docker logs --tail {LOG_TAIL} {CONTAINER_NAME} 2>&1", timeout=30)
+        lines += [f"  | {line}" for line in tail.stdout.rstrip().splitlines()[-LOG_TAIL:]]
+    return "\n".join(lines)
+
+
+def _abort(group: Group, problems: list[str]) -> None:
+    raise StartFailed(f"the cluster did not start; {stop_and_say(group)}.\n" + "\n".join(problems))

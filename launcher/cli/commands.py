@@ -1,0 +1,789 @@
+"""`sparkstack`: the command line. Each command is a thin layer over a module that does the work."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import click
+
+from .. import __version__
+from .. import redact
+from ..errors import SparkstackError
+from ..inputs import config as config_mod
+from ..inputs.profile import load_profile, profile_names
+from ..plan import plan as plan_mod
+from .console import err, friendly_errors, out
+
+config_option = click.option(
+    "-c", "--config", "config_file", metavar="PATH",
+    help="cluster config (default: $SPARKSTACK_CONFIG, else ./cluster.yaml)")
+json_option = click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sparkstack")
+def main():
+    """Bring one very large MoE model (GLM-5.3 EXL3) up on DGX Spark boxes with vLLM
+    tensor parallelism, and back up after every reboot.
+
+    \b
+    A cluster is described by cluster.yaml (see env/cluster.example.yaml) and a serving
+    profile from env/profiles/ (`sparkstack profiles` lists them). Start with:
+      sparkstack plan -c cluster.yaml     what would run on each rank, and the KV sizing
+
+    Exit codes: 0 ok, 1 a step failed on a rank, 2 bad input, 3 the plan does not fit.
+    """
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--show-secrets", is_flag=True,
+              help="print the API key and secret-looking env values (*TOKEN*, *KEY*, ...) instead of ***")
+@click.option("--offline", is_flag=True,
+              help="do not probe the ranks: plan from the config and the profile alone")
+@friendly_errors
+def plan(config_file, as_json, show_secrets, offline):
+    """Show what `up` would run on every rank, touching nothing.
+
+    Per rank: the environment, the `docker run` argv, the engine argv (after `vllm serve`), and
+    the KV sizing: bytes per token, the --kv-cache-memory-bytes to pass and the tokens that fit;
+    the --gpu-memory-utilization that clears vLLM's startup guard, with its arithmetic per rank.
+    The ranks are probed first (read-only, one command each) for their MemAvailable and their
+    own fabric environment; ranks that do not answer within a few seconds are planned offline.
+    Inputs that could not be read (the checkpoint, the ranks' memory) fall back on the profile's
+    seed figures and a GB10's memory; they are listed under "assumed". The API key and every env
+    value whose name looks secret (or is in overrides.secret_env) show as *** unless
+    --show-secrets; `plan` reads the API key `up` generates but never makes it.
+    """
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    facts, note = ({}, None) if offline else _probe_for_plan(loaded)
+    result = plan_mod.build(loaded, facts=facts)
+    if note:
+        result.assumed.append(note)
+    data = result.to_json(reveal_secrets=show_secrets)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    _print_plan(loaded, result, data, show_secrets)
+
+
+def _print_plan(loaded, result, data, show_secrets: bool) -> None:
+    out.print(f"[bold]profile[/] {loaded.profile.name}: {loaded.profile.description}")
+    out.print(f"[bold]image[/]   {result.image}")
+    _print_api_key(result.api, show_secrets)
+    for rank in data["ranks"]:
+        out.print(f"[bold cyan]rank {rank['rank']}[/] {rank['host']}")
+        out.print("  env     " + " ".join(f"{k}={v if v == redact.MASK else shlex.quote(v)}"
+                                       for k, v in rank["env"].items()))
+        out.print("  run     " + shlex.join(rank["docker_run"] + rank["engine"]))
+    sizing = result.kv
+    if sizing:
+        out.print(f"\n[bold]KV[/]      {sizing.bytes_per_token:,} B/token per rank, "
+                  f"--kv-cache-memory-bytes {sizing.kv_cache_memory_bytes} "
+                  f"({sizing.kv_cache_memory_bytes / 2**30:.1f} GiB) → {sizing.max_tokens:,} tokens")
+        out.print(f"        budget: {sizing.budget.explain()}"
+                  + (" (the profile's fixed figure is used)" if sizing.fixed else ""))
+    if result.guard:
+        _print_guard(result.guard)
+    if result.assumed:
+        out.print("\n[bold yellow]assumed[/] (not read from the cluster):")
+        for line in result.assumed:
+            out.print(f"  - {line}")
+    for line in result.notes:
+        out.print("\n[bold]note[/]    ", end="")
+        out.print(line, markup=False)
+
+
+def _print_api_key(key, reveal: bool) -> None:
+    out.print("[bold yellow]api key[/] " if key.warning else "[bold]api key[/] ", end="")
+    out.print(key.describe(reveal) + "\n", markup=False)
+
+
+def _print_guard(guard) -> None:
+    """vLLM's startup guard per rank: free at start must cover MemTotal × utilisation."""
+    shown = guard.utilization if guard.utilization is not None else "none fits"
+    whose = {"plan": "planned", "profile": "the profile's", "config": "cluster.yaml's"}[guard.source]
+    out.print(f"\n[bold]guard[/]   --gpu-memory-utilization {shown} ({whose}; with margin "
+              f"{guard.margin} every rank clears up to {guard.highest}): vLLM refuses to start "
+              "when free < MemTotal × utilisation")
+    for g in guard.ranks:
+        out.print(f"        rank {g.rank}: {g.explain()}", markup=False)
+    if guard.note:
+        out.print(f"        [yellow]note[/]: {guard.note}")
+
+
+@main.command()
+@json_option
+@friendly_errors
+def profiles(as_json):
+    """List the serving profiles in env/profiles/ (the seeds' recipes)."""
+    rows = [load_profile(name) for name in profile_names()]
+    if as_json:
+        click.echo(json.dumps([{"name": p.name, "engine": p.engine, "seeds": p.seeds,
+                                "description": p.description} for p in rows], indent=2))
+        return
+    for p in rows:
+        out.print(f"[bold]{p.name}[/] ({p.engine}, seeds {', '.join(p.seeds)})\n  {p.description}")
+
+
+def _bench_values(kind: str):
+    """A click callback parsing a flag's value with launcher.bench.bench (imported when used: httpx
+    stays out of every other command's start-up)."""
+
+    def parse(ctx, param, value):
+        from ..bench import bench as bench_mod
+
+        if value is None:
+            return None if kind == "url" else ()
+        try:
+            if kind == "url":
+                return bench_mod.normalize_url(value)
+            if kind == "tasks":
+                tasks = tuple(dict.fromkeys(t.strip() for t in value.split(",") if t.strip()))
+                bench_mod.check_tasks(tasks, bench_mod.load_prompts())
+                if not tasks:
+                    raise ValueError("name at least one task")
+                return tasks
+            if kind == "counts":
+                return bench_mod.parse_counts(value)
+            return bench_mod.parse_sizes(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return parse
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--url", metavar="URL", callback=_bench_values("url"),
+              help="bench this OpenAI-compatible server (http://HOST:PORT) instead of the "
+                   "config's rank 0; the config is then read only if -c is given")
+@click.option("--api-key", envvar="SPARKSTACK_API_KEY", metavar="KEY",
+              help="bearer key (default: $SPARKSTACK_API_KEY, else the config's: `sparkstack api-key`)")
+@click.option("--model", metavar="NAME",
+              help="served model name (default: the config's, else the first the server lists)")
+@click.option("--tasks", metavar="TASKS", default="prose,code,list,essay", show_default=True,
+              callback=_bench_values("tasks"), help="fixed prompts to run, comma-separated")
+@click.option("--concurrency", metavar="N,N,..", default="1,2,4,8", show_default=True,
+              callback=_bench_values("counts"), help="concurrent streams per measurement")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="output tokens per request")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="default: the profile's bench.temperature, else 0.6 (seed 000)")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="default: the profile's bench.top_p, else 0.95 (seed 000)")
+@click.option("--thinking/--no-thinking", default=False, show_default=True,
+              help='GLM-5.3 reasoning: chat_template_kwargs {"reasoning_effort": "high"/"low"}')
+@click.option("--needle", metavar="SIZES", callback=_bench_values("sizes"),
+              help="also a needle test per prompt size, e.g. 8k,32k,128k (k = 1000 tokens)")
+@click.option("--needle-at", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="where the fact sits in the filler: 0 = start, 1 = end")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="seconds of silence tolerated within a request (a deep prefill is silent)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".",
+              help="directory for the JSON and PNG  [default: current directory]")
+@friendly_errors
+def bench(config_file, as_json, url, api_key, model, tasks, concurrency, max_tokens, temperature,
+          top_p, thinking, needle, needle_at, timeout, out_dir):
+    """Measure decode tok/s, TTFT and speculative acceptance, like the seeds' tables.
+
+    \b
+    For each task and concurrency level, after one warm-up request: per-stream (median) and
+    aggregate (summed) decode tok/s = completion tokens ÷ (wall − TTFT), TTFT median and p90,
+    and accepted tokens/step from vLLM's /metrics when it exposes spec-decode counters.
+    --needle adds a long-prompt retrieval test with prefill tok/s per size.
+    Writes sparkstack-bench-<time>.json and .png to --out. Ctrl+C stops and keeps what was
+    measured. Exit codes: 0 ok, 1 the server failed (results so far are kept), 2 bad input,
+    130 interrupted.
+    """
+    import pathlib
+
+    from ..bench import bench as bench_mod
+    from ..bench import bench_report
+
+    loaded = _bench_config(config_file, url)
+    if loaded:
+        target = bench_mod.target_from_config(loaded, url, api_key, model)
+    else:
+        target = bench_mod.Target(url, model, api_key)
+    default_temperature, default_top_p = bench_mod.profile_sampling(loaded and loaded.profile)
+    settings = bench_mod.Settings(
+        tasks=tasks, concurrency=concurrency, max_tokens=max_tokens,
+        temperature=default_temperature if temperature is None else temperature,
+        top_p=default_top_p if top_p is None else top_p, thinking=thinking, needle=needle,
+        needle_position=needle_at, timeout_s=timeout)
+    results = _measure_with_progress(bench_mod, target, settings)
+    paths = bench_report.write_files(results, pathlib.Path(out_dir)) if results.started else []
+    if as_json:
+        click.echo(json.dumps(results.to_json(), indent=2))
+    else:
+        bench_report.print_results(out, results)
+    for path in paths:
+        err.print(f"wrote {path}")
+    if results.status == "failed":
+        raise bench_mod.BenchError(results.error)
+    if results.status == "interrupted":
+        sys.exit(130)
+
+
+def _bench_config(config_file, url):
+    """The cluster config bench reads: always without --url, with --url only if -c names one."""
+    if url and not config_file:
+        return None
+    path = config_mod.config_path(config_file)
+    if not path.exists():
+        raise config_mod.ConfigError([f"{path}: no such cluster config file; pass -c PATH, or "
+                                      "--url http://HOST:PORT to bench any OpenAI-compatible "
+                                      "server"])
+    return config_mod.load(path)
+
+
+def _measure_with_progress(bench_mod, target, settings):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("requests"), TimeElapsedColumn())
+    # Off when stderr is not a terminal: a log file gets the results, not a redrawn bar.
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        bar = progress.add_task(f"connecting to {target.url}", total=settings.total_requests)
+        return bench_mod.measure(
+            target, settings, lambda what, n: progress.update(bar, description=what, advance=n))
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--render-only", "render_dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="write each stage's build context (Dockerfile + files) under DIR/<stage>/ "
+                   "and build nothing")
+@click.option("-v", "--verbose", is_flag=True, help="print Docker's build output as it comes")
+@click.option("--on-ranks", is_flag=True,
+              help="build the chain on every rank's Docker over SSH instead (each rank needs the base)")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="with --on-ranks: accept and record host keys not yet in known_hosts")
+@friendly_errors
+def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
+    """Build the profile's image chain (e.g. dcp → mul1 → v145 → keys) on the local Docker.
+
+    \b
+    Each stage's tag is a hash of its rendered Dockerfile, the patch files it copies (from
+    cluster.yaml images.patches_dir), its build args and its parent's tag, so only changed
+    stages and the stages after them are built; an unchanged chain builds nothing. A stage,
+    parent, patch file or template problem is refused before anything is built.
+    --json prints {"stages": [{"name", "tag", "image_id", "built", "seconds"}]}.
+    --on-ranks sends each rank only the stages' build contexts (a few KB) and builds there, all
+    ranks in parallel; --json then prints {"ranks": [{"rank", "host", "status", "stages",
+    "error", "seconds"}]}.
+    """
+    import pathlib
+
+    from ..images import build as build_mod
+    from ..images import images as images_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    base = images_mod.base_name(loaded)
+    # every check before anything is built; the base's ID (a lookup) only when Docker has it
+    chain = build_mod.local_chain(loaded)
+    if render_dir:
+        images_mod.write_contexts(chain, pathlib.Path(render_dir))
+        _print_build(as_json, [{"name": s.name, "tag": s.tag, "dockerfile":
+                                str(pathlib.Path(render_dir) / s.name / "Dockerfile")} for s in chain.stages])
+        return
+    if on_ranks:
+        return _build_on_ranks(build_mod, loaded, chain, as_json, trust_new_hosts)
+    if not chain.stages:
+        _print_build(as_json, [], f"profile {loaded.profile.name} uses {chain.base.name} as it is: "
+                                  f"nothing to build")
+        return
+    engine = build_mod.connect()
+    show = _BuildDisplay(verbose and not as_json, quiet=as_json)
+    if chain.base.image_id is None:  # pulled first: the tags hash its ID
+        chain = images_mod.chain_for(loaded, build_mod.ensure_base(engine, base, show).image_id)
+    with show:
+        results = build_mod.build_chain(engine, chain, show)
+    _print_build(as_json, [r.to_json() for r in results], f"image {chain.top}")
+
+
+def _build_on_ranks(build_mod, loaded, chain, as_json: bool, trust_new_hosts: bool) -> None:
+    from ..transport import remote
+
+    with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
+        ranks = build_mod.build_on_ranks(loaded, chain, say=lambda line: err.print(line, markup=False),
+                                         group=group)
+    if as_json:
+        click.echo(json.dumps({"ranks": [r.to_json() for r in ranks]}, indent=2))
+    else:
+        for r in ranks:
+            built = sum(s["built"] for s in r.stages)
+            out.print(f"rank {r.rank} {r.host:<16} {r.status:<10} {built} of {len(chain.stages)} "
+                      f"stages built ({r.seconds:.1f} s)" + (f"\n  {r.error}" if r.error else ""),
+                      markup=False)
+    failed = [r for r in ranks if r.status == "failed"]
+    if failed:
+        raise build_mod.BuildError(f"build failed on {len(failed)} of {len(ranks)} ranks "
+                                   f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause "
+                                   f"above and re-run: stages already built are kept")
+
+
+def _print_build(as_json: bool, stages: list[dict], summary: str = "") -> None:
+    if as_json:
+        click.echo(json.dumps({"stages": stages}, indent=2))
+        return
+    for s in stages:
+        state = "" if "built" not in s else ("built" if s["built"] else "up to date")
+        timing = f" {s['seconds']:.1f}s" if s.get("built") else ""
+        where = f"→ {s['dockerfile']}" if "dockerfile" in s else ""
+        out.print(f"{s['name']:<8} {s['tag']}  {state}{timing}{where}")
+    if summary:
+        out.print(summary)
+
+
+class _BuildDisplay:
+    """build's progress on stderr: a line per stage (spinner and step while it builds); with
+    --verbose Docker's own output too."""
+
+    def __init__(self, verbose: bool, quiet: bool):
+        self.verbose, self.quiet, self.tasks, self.progress = verbose, quiet, {}, None
+
+    def __enter__(self):
+        if not self.quiet:  # rich.progress only when shown: a no-op build stays fast
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                     TimeElapsedColumn(), console=err, transient=True,
+                                     disable=not err.is_terminal)
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.stop()
+
+    def __call__(self, event) -> None:
+        if self.quiet or (self.progress is None and event.kind != "pull"):
+            return
+        if event.kind == "pull":
+            err.print(event.text)
+        elif event.kind == "start":
+            self.tasks[event.stage] = self.progress.add_task(f"{event.stage}: building {event.text}")
+        elif event.kind == "step" and event.stage in self.tasks:
+            self.progress.update(self.tasks[event.stage],
+                                 description=f"{event.stage}: step {event.step}/{event.steps} {event.text[:60]}")
+        elif event.kind == "log" and self.verbose:
+            self.progress.console.print(f"  {event.stage} | {event.text}", markup=False)
+        elif event.kind == "done" and event.stage in self.tasks:
+            self.progress.remove_task(self.tasks.pop(event.stage))
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--image", "refs", multiple=True, metavar="REF",
+              help="ship this image (repeatable; default: the profile's serving image)")
+@click.option("--dry-run", is_flag=True, help="say which rank lacks what, move nothing")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@click.option("--relay", is_flag=True,
+              help="ranks pull from a cache on rank 0: the uplink carries each blob twice, not once per rank")
+@friendly_errors
+def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
+    """Send every rank the images it lacks, and only those.
+
+    \b
+    Each rank is asked (by image ID) what it already has. The images go through a registry
+    started on this host for the duration (Debian's docker-registry), reached by each rank
+    through an SSH reverse forward on its own 127.0.0.1: only the layers a rank lacks move,
+    verified by digest. A rank gets the image's tag only once its image ID equals this host's.
+    --relay: every rank pulls from a registry cache on rank 0 instead (rank 0 needs
+    docker-registry), so this host's uplink carries each missing blob twice in all (the cache's
+    fetch and store), not once per rank; `bytes` then shows the uplink's bytes on rank 0.
+    --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
+    """
+    from ..images import build as build_mod
+    from ..images import relay as relay_mod
+    from ..transport import remote
+    from ..images import ship as ship_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    refs = refs or [build_mod.local_chain(loaded).top]
+    ids = ship_mod.local_image_ids(list(refs))  # Docker's socket, without docker-py
+    with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
+        shipment = ship_mod.make_plan(group, ids)
+        if not dry_run:
+            ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False),
+                           relay=relay_mod.route(loaded) if relay else None)
+    rows = [r.to_json() for r in shipment.ranks]
+    if as_json:
+        click.echo(json.dumps({"ranks": rows}, indent=2))
+    else:
+        for r in rows:
+            what = ", ".join(r["images"]) or "nothing"
+            line = f"rank {r['rank']} {r['host']:<16} {r['status']:<10} {what}"
+            if r["status"] == "shipped":
+                line += f" ({r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s)"
+            out.print(line + (f"\n  {r['error']}" if r["error"] else ""), markup=False)
+    failed = [r for r in shipment.ranks if r.status == "failed"]
+    if failed:
+        raise SparkstackError(f"ship failed on {len(failed)} of {len(rows)} ranks "
+                              f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause above "
+                              "and re-run `sparkstack ship`: only what is missing moves")
+
+
+@main.command("registry-prune")
+@friendly_errors
+def registry_prune():
+    """Empty this host's registry storage (~/.cache/sparkstack/registry).
+
+    \b
+    `ship` keeps every image it pushed there, so an unchanged layer is not pushed twice; the
+    storage grows with every build. Pruning frees it all; the next ship pushes its images again
+    (on this host: the ranks still receive only the layers they lack). Refused while a ship runs.
+    """
+    from ..images import registry
+
+    freed = registry.prune()
+    out.print(f"registry storage emptied: {freed / 1e9:.2f} GB freed", markup=False)
+
+
+@main.command("ansible-inventory")
+@config_option
+@click.option("--format", "fmt", type=click.Choice(["ini", "yaml"]), default="ini",
+              show_default=True, help="inventory file format")
+@friendly_errors
+def ansible_inventory(config_file, fmt):
+    """Print an Ansible inventory of the ranks for ansible/spark.yml.
+
+    \b
+    Hosts in rank order, reached as sparkstack reaches them (address, port, user, key, jump
+    host; host keys checked against the config's known_hosts), with the node settings of
+    launcher/inputs/node_settings.py as group vars. Apply the persistent node settings with:
+      sparkstack ansible-inventory -c cluster.yaml > inventory.ini
+      ANSIBLE_CONFIG=ansible/ansible.cfg ansible-playbook -i inventory.ini ansible/spark.yml
+    """
+    from ..plan import inventory
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    click.echo(inventory.render(loaded.cluster, fmt), nl=False)
+
+
+trust_option = click.option("--trust-new-hosts", is_flag=True,
+                            help="accept and record host keys not yet in known_hosts")
+
+
+@main.command()
+@config_option
+@trust_option
+@click.option("--restart", is_flag=True, help="start again even if already running as planned")
+@click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="seconds to wait for the API once started")
+@friendly_errors
+def up(config_file, trust_new_hosts, restart, wait_timeout):
+    """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
+    ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
+
+    \b
+    A failed check starts nothing. If any rank fails to start, every rank is stopped and each
+    failed rank is shown with its exit code and last log lines. A cluster already running as
+    planned is left alone: `up` then changes nothing (use --restart to force).
+    Ctrl+C, SIGTERM or SIGHUP: the containers this run started are stopped (exit 130); a
+    second one exits without waiting for that.
+    """
+    from ..apply import deploy
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    with deploy.group_for(loaded, trust_new_hosts, say) as group:
+        report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
+    from ..transport import api
+
+    ep = api.endpoint(loaded)
+    out.print(f"serving {loaded.profile.name} at {ep.url} "
+              f"({'started' if report.changed else 'unchanged'}, {report.seconds:.1f} s)")
+    _say_how_to_authenticate(loaded)
+
+
+def _say_how_to_authenticate(loaded) -> None:
+    from ..inputs import apikey
+
+    key = apikey.resolve(loaded)
+    if key.warning:
+        err.print(f"[yellow]WARN[/] {key.warning}")
+    else:
+        err.print("clients send `Authorization: Bearer KEY`; `sparkstack api-key` prints KEY", markup=False)
+
+
+@main.command()
+@config_option
+@trust_option
+@friendly_errors
+def down(config_file, trust_new_hosts):
+    """Stop and remove the serving container on every rank (fine when nothing runs)."""
+    from ..apply import deploy
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    with deploy.group_for(loaded, trust_new_hosts, say) as group:
+        failed = deploy.down(loaded, group, say)
+    if failed:
+        raise SparkstackError(f"could not stop the container on {', '.join(failed)}")
+    out.print("stopped on every rank")
+
+
+@main.command()
+@config_option
+@json_option
+@trust_option
+@friendly_errors
+def status(config_file, as_json, trust_new_hosts):
+    """Per rank: the serving container's state and uptime, its image, and the API on rank 0."""
+    from ..transport import api
+    from ..apply import deploy, serve
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
+        states = serve.states(group)
+    ep = api.endpoint(loaded)
+    data = {"ranks": [s.to_json() for s in states], "api": {"url": ep.url, "healthy": api.health(ep)}}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        width = max([12] + [len(s.describe()) for s in states if s.image])  # the image column lines up
+        for s in states:
+            out.print(f"rank {s.rank} {s.host:<16} {s.describe():<{width}} {s.image or ''}"
+                      + (f"  since {s.started_at}" if s.state == "running" else ""), markup=False)
+        out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
+    if all(s.state == "unreachable" for s in states):
+        raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
+                              "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
+
+
+@main.command()
+@config_option
+@trust_option
+@click.option("--rank", "rank", type=int, default=0, show_default=True, help="whose logs")
+@click.option("-f", "--follow", is_flag=True, help="keep printing; Ctrl+C detaches, the model keeps running")
+@click.option("--tail", type=click.IntRange(min=0), default=100, show_default=True, help="lines of history")
+@friendly_errors
+def logs(config_file, trust_new_hosts, rank, follow, tail):
+    """Show a rank's serving container log."""
+    from ..apply import deploy
+    from ..plan.plan import CONTAINER_NAME
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    if not 0 <= rank < len(loaded.cluster.ranks):  # bad input: exit 2, as click's own checks
+        raise click.BadParameter(f"{rank}: the config has ranks 0..{len(loaded.cluster.ranks) - 1}",
+                                 param_hint="'--rank'")
+    with deploy.group_for(loaded, trust_new_hosts, lambda line: err.print(line)) as group:
+        conn = group.connections[rank]
+        command = f"docker logs --tail {tail} {'-f ' if follow else ''}{CONTAINER_NAME} 2>&1"
+        status = conn.stream(command, lambda data: (sys.stdout.buffer.write(data), sys.stdout.flush()))
+    if status not in (0, None):
+        raise SparkstackError(f"{conn.target.name}: no serving container to show (docker logs exited {status})")
+
+
+@main.command()
+@config_option
+@click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True)
+@friendly_errors
+def wait(config_file, wait_timeout):
+    """Wait until rank 0's API answers: /health, then /v1/models, then one short completion."""
+    from ..transport import api
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    ep = api.endpoint(loaded)
+    seconds = api.wait_ready(ep, wait_timeout, say=lambda line: err.print(line, markup=False))
+    out.print(f"{ep.url} serves {ep.model} ({seconds:.1f} s)")
+
+
+@main.command("api-key")
+@config_option
+@json_option
+@friendly_errors
+def api_key(config_file, as_json):
+    """Print the key rank 0's API asks for (generated the first time).
+
+    
+    Clients send it as a bearer token, e.g.
+      curl -H "Authorization: Bearer $(sparkstack api-key)" http://RANK0:PORT/v1/models
+      OPENAI_BASE_URL=http://RANK0:PORT/v1 OPENAI_API_KEY=$(sparkstack api-key) your-client
+    It is cluster.yaml's overrides.api_key when given; else a key generated once (by this or by
+    `up`) and kept, mode 0600, in $XDG_STATE_HOME/sparkstack/api-keys/<rank 0's address>
+    (default ~/.local/state/...). Delete that file and run `up` to change it.
+    An API without a key (overrides.open_api: true, a TensorFold profile) is an error here
+    (exit 2). --json prints {"key", "source", "file", "warning", "url"}, "key" null when none.
+    """
+    from ..transport import api
+    from ..inputs import apikey
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    key = apikey.resolve(loaded, create=True)
+    url = api.endpoint(loaded).url + "/v1"
+    if as_json:
+        click.echo(json.dumps({**key.to_json(reveal=True), "url": url}, indent=2))
+        return
+    if key.value is None:
+        raise apikey.ApiKeyError(f"{loaded.path}: the API at {url} takes no key: {key.warning}")
+    click.echo(key.value)
+
+
+PLAN_PROBE_TIMEOUT_S = 3.0  # `plan` is a look, not a preflight: it never waits long for a rank
+
+
+def _probe_for_plan(loaded):
+    """Facts of the ranks that answer, and the `assumed` line for those that do not (None when
+    all answered). Never fails: an unreachable cluster gives the offline plan."""
+    from ..transport import gather
+
+    timeout = min(PLAN_PROBE_TIMEOUT_S, float(loaded.cluster.ssh.connect_timeout_s))
+    try:
+        with gather.open_group(loaded, connect_timeout=timeout) as group:
+            found = gather.gather(group, loaded)
+    except SparkstackError as e:  # e.g. a config the SSH layer refuses: plan offline
+        return {}, f"ranks not probed ({e.message.splitlines()[0]}); `--offline` skips the attempt"
+    missing = [f"rank {r} ({g.host})" for r, g in found.items() if g.facts is None]
+    if not missing:
+        return gather.facts_of(found), None
+    return gather.facts_of(found), (
+        f"ranks not probed (no answer within {timeout:.0f} s: {', '.join(missing)}): planned "
+        "from the config alone; `sparkstack check` says why, `--offline` skips the attempt")
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("-v", "--verbose", is_flag=True, help="show every row's value, not only the problems")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@click.option("--bandwidth", is_flag=True,
+              help="also measure the fabric: an NCCL all-reduce in the serving image on every rank at "
+                   "once (~30 s, GPU and fabric busy), bus bandwidth against the expected figure")
+@friendly_errors
+def check(config_file, as_json, verbose, trust_new_hosts, bandwidth):
+    """Preflight every rank, read-only: one table of rank × check.
+
+    \b
+    ssh, docker, image (the profile's serving image, same ID on every rank), gpu, memory
+    (MemAvailable vs weights + KV + runtime + headroom), vllm guard (free at start vs MemTotal ×
+    --gpu-memory-utilization, as vLLM checks it), swap, sysctls, ulimits (what a
+    container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
+    fabric IP), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
+    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s),
+    api key (rank 0 only: the API asks for a key; warn when it takes none).
+    Each row is pass / warn / fail with the measured value and, when not pass, the fix.
+    --bandwidth adds a bandwidth row: 256 MiB bf16 all-reduces through torch.distributed/NCCL
+    with each rank's own NCCL env; busbw (nccl-tests' definition) vs launcher/check/bandwidth.py's
+    EXPECTED_BUSBW_GBPS; "not measured" (warn) when the image has no torch.
+    Exit 0 when nothing fails, 1 otherwise. --json prints
+    {"ok", "ranks": [{"rank", "host", "checks": [{"name", "status", "value", "fix"}]}]}.
+    """
+    from ..check import check as check_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        _print_check(check_mod, report, verbose)
+    sys.exit(0 if report.ok else 1)
+
+
+_STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]WARN[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def _print_check(check_mod, report, verbose: bool) -> None:
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("check")
+    for r in report.ranks:
+        table.add_column(f"{r.rank} {r.host}")
+    cells = {(r.rank, c.name): c.status for r in report.ranks for c in r.checks}
+    for name in (*check_mod.ORDER, *check_mod.OPTIONAL):
+        if any((r.rank, name) in cells for r in report.ranks):
+            table.add_row(name, *(_STATUS_STYLE.get(cells.get((r.rank, name)), "[dim]-[/]")
+                                  for r in report.ranks))
+    out.print(table)
+    for r in report.ranks:
+        for c in r.checks:
+            if verbose or c.status != "pass":
+                out.print(f"{_STATUS_STYLE[c.status]} rank {r.rank} {r.host} [bold]{c.name}[/]: ",
+                          end="")
+                out.print(c.value, markup=False)
+                if c.fix:
+                    out.print(f"     fix: {c.fix}", markup=False)
+    verdict = "[green]ok[/]" if report.ok else "[bold red]not ready[/]"
+    out.print(f"{verdict} ({report.seconds:.2f} s)")
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--no-drop", is_flag=True, help="set sysctls and mounts only; keep the page cache")
+@click.option("--wait-timeout", type=click.FloatRange(min=1), default=120, show_default=True,
+              help="seconds to wait for MemAvailable to come back after dropping caches")
+@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@friendly_errors
+def prep(config_file, as_json, no_drop, wait_timeout, trust_new_hosts):
+    """Prepare every rank for serving after a boot (idempotent, all ranks in parallel).
+
+    \b
+    Sets the sysctls of launcher/inputs/node_settings.py (vm.swappiness=1,
+    vm.compaction_proactiveness=0, plus overrides), mounts the checkpoint's NFS export at
+    model.path when the config names one and it is not mounted (the NFS server's own node
+    bind-mounts its export there), drops page caches and waits until every rank's MemAvailable
+    covers what the plan needs. Reports per rank what changed and what was already set.
+    Needs root or sudo on the ranks (the cache drop alone works through the narrow sudoers
+    rule). --json prints {"ok", "mem_needed", "seconds", "ranks": [{"rank", "host",
+    "changed", "already", "failed", "mem_available", "error"}]}.
+    """
+    from ..apply import prep as prep_mod
+
+    loaded = config_mod.load(config_mod.config_path(config_file))
+    report = prep_mod.run(loaded, trust_new=trust_new_hosts, drop=not no_drop,
+                          wait_timeout=wait_timeout,
+                          say=lambda line: err.print(line, markup=False, highlight=False))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        for r in report.ranks:
+            out.print(f"rank {r.rank} {r.host}", markup=False)
+            if r.error:
+                out.print(f"  [bold red]error:[/] {r.error}")
+                continue
+            for label, items in (("changed", r.changed), ("already set", r.already), ("FAILED", r.failed)):
+                if items:
+                    out.print(f"  {label}: {', '.join(items)}", markup=False)
+            if r.mem_available is not None:
+                out.print(f"  MemAvailable {r.mem_available / 2**30:.1f} GiB", markup=False)
+    if not report.ok:
+        bad = [f"rank {r.rank}" for r in report.ranks if r.error or r.failed]
+        raise SparkstackError(f"prep failed on {', '.join(bad)}: see the lines above; fix and re-run "
+                              "`sparkstack prep` (what is already set is left alone)")
+
+
+@main.command("systemd-unit")
+@config_option
+@click.option("--user", default=None, help="who runs it (default: you)")
+@click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
+              help="seconds `up` waits for the API")
+@friendly_errors
+def systemd_unit(config_file, user, timeout):
+    """Print a systemd unit that runs `sparkstack up` on this control host after every boot."""
+    import getpass
+    import pathlib
+
+    from ..plan import systemd_unit
+
+    path = config_mod.config_path(config_file).resolve()
+    loaded = config_mod.load(path)
+    click.echo(systemd_unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
+                                   user=user or getpass.getuser(), workdir=path.parent, config=path,
+                                   sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python
+                                   timeout=timeout), nl=False)
+
+
+from .sandbox import sandbox  # noqa: E402  (its own group: sparkstack sandbox up|down|status)
+
+main.add_command(sandbox)

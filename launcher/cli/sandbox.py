@@ -1,0 +1,85 @@
+"""`sparkstack sandbox up | down | status [--json]`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .console import err, friendly, out
+
+_friendly = friendly("interrupted; `sparkstack sandbox up` again resumes, "
+                     "`sparkstack sandbox down` cleans up")
+
+
+state_option = click.option(
+    "--dir", "state_dir", metavar="PATH", type=click.Path(path_type=Path),
+    help="sandbox state directory (default: $SPARKSTACK_SANDBOX_DIR, "
+         "else ~/.local/state/sparkstack/sandbox)")
+
+
+def _progress(msg: str) -> None:
+    err.print(f"[dim]sandbox:[/] {msg}", markup=True, highlight=False)
+
+
+@click.group()
+def sandbox():
+    """Four simulated DGX Spark ranks on the local Docker engine (the demo and the test bed)."""
+
+
+@sandbox.command()
+@state_option
+@click.option("--ranks", type=int, default=None, metavar="N",
+              help="how many ranks (default: $SPARKSTACK_SANDBOX_RANKS, else 4); ranks above N are removed")
+@click.option("--topology", type=click.Choice(["ring", "switch"]), default=None,
+              help="cable the fabric as a ring (two ports a rank, a /30 a link) or to one switch "
+                   "(one port a rank, one /24); default: $SPARKSTACK_SANDBOX_TOPOLOGY, else ring")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@_friendly
+def up(state_dir, ranks, topology, as_json):
+    """Create the ranks (or adopt running ones), cable their fabric, and write cluster.yaml."""
+    from ..sandbox import cluster
+
+    result = cluster.up(state_dir, progress=_progress, ranks=ranks, cabling=topology)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for r in result["ranks"]:
+        out.print(f"{r['name']}  {r['user']}@{r['address']}:{r['port']}  docker {r['docker']}")
+    out.print(f"ready in {result['seconds']} s, cabled as a {result['topology']}; the cluster config is:")
+    click.echo(result["config"])
+
+
+@sandbox.command()
+@state_option
+@click.option("--purge", is_flag=True, help="also delete the state directory (keys, checkpoint)")
+@_friendly
+def down(state_dir, purge):
+    """Remove every container, network and volume the sandbox created (nothing else)."""
+    from ..sandbox import cluster
+
+    removed = cluster.down(state_dir, purge=purge)
+    n = sum(len(v) for v in removed.values())
+    out.print(f"removed {len(removed['containers'])} containers, {len(removed['networks'])} "
+              f"networks, {len(removed['volumes'])} volumes" if n else "nothing to remove")
+
+
+@sandbox.command()
+@state_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+@_friendly
+def status(state_dir, as_json):
+    """Each rank's address, login and whether its own dockerd answers."""
+    from ..sandbox import cluster
+
+    result = cluster.status(state_dir)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for r in result["ranks"]:
+        colour = "green" if r["docker"] == "running" else "red"
+        out.print(f"{r['name']}  {r['user']}@{r['address']}:{r['port']}  "
+                  f"docker [{colour}]{r['docker']}[/]", markup=True)
+    cfg = Path(result["config"])
+    out.print(f"config: {cfg}" + ("" if cfg.exists() else " (not written yet: `sparkstack sandbox up`)"))

@@ -1,0 +1,6 @@
+"""The image chain: rendering `images/<stage>/` into Dockerfiles tagged by content (images),
+building them on the local Docker engine (build), and shipping them to the ranks (ship) through a
+registry on this host (registry) or relayed through rank 0 (relay).
+
+May import `launcher.transport`, `launcher.inputs`, `launcher.onrank` and the top-level modules.
+"""

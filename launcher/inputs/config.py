@@ -1,0 +1,404 @@
+"""The cluster config (`cluster.yaml`): the ranks, the fabric topology, the model, the profile.
+
+Found at `--config/-c`, else `$SPARKSTACK_CONFIG`, else `./cluster.yaml`. Validated strictly:
+every problem is reported with the file and the field path, unknown keys included.
+`env/cluster.example.yaml` documents each field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from ipaddress import IPv4Address, ip_address
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, PositiveInt, field_validator, model_validator
+
+from . import vllm_flags, vllm_guard
+from .. import redact
+from ..errors import ConfigError, load_yaml_model
+from .profile import PROFILES_DIR, EnvVars, Gib, Profile, Strict, load_profile
+
+DEFAULT_CONFIG = Path("cluster.yaml")
+
+
+def _expand_user(path: Path) -> Path:
+    try:
+        return path.expanduser()
+    except RuntimeError:  # ~name of no user here
+        raise ValueError(f"{str(path).split('/')[0]}: no such user on this host") from None
+
+
+UserPath = Annotated[Path, AfterValidator(_expand_user)]
+
+
+def _mountable(path: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError("must be an absolute path, the same on every rank")
+    if ":" in path or "\0" in path:
+        raise ValueError("must not contain ':' or NUL (docker -v PATH:PATH:ro splits on ':'); "
+                         "rename the directory or mount it elsewhere")
+    return path
+
+
+MountPath = Annotated[str, AfterValidator(_mountable)]  # bind-mounted at the same path on every rank
+
+
+class SshSettings(Strict):
+    known_hosts: UserPath | None = None  # default: ~/.ssh/known_hosts
+    connect_timeout_s: PositiveInt = 10
+    # a rank that acknowledges nothing for this long mid-command is declared lost (cut cable,
+    # power): the command fails naming it instead of waiting for its own timeout
+    dead_after_s: PositiveInt = 30
+
+
+# Addresses and names reach shell command lines, `docker run`, Ansible inventories and SSH
+# options: only what a host name or an address can be is let in, so none of them can carry
+# shell syntax, inventory variables or options.
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")  # RFC 1123
+_RANK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def is_host(value: str) -> bool:
+    """A host name (RFC 1123) or an IP address (without an IPv6 zone, which may hold anything)."""
+    if "%" in value:
+        return False
+    try:
+        ip_address(value)
+        return True
+    except ValueError:
+        return len(value) <= 253 and all(_LABEL.fullmatch(label) for label in value.split("."))
+
+
+def _host(value: str) -> str:
+    if not is_host(value):
+        raise ValueError("expected a host name (letters, digits, '-', dot-separated) or an IP address")
+    return value
+
+
+def _rank_name(value: str) -> str:
+    if not _RANK_NAME.fullmatch(value):
+        raise ValueError("expected a name of letters, digits, '-', '_' and '.' (it becomes the "
+                         "rank's Ansible host name)")
+    return value
+
+
+def split_jump(value: str) -> tuple[str | None, str, str | None]:
+    """A jump host `[user@]host[:port]` as (user, host, port); a part not given is None. The one
+    reading of it, for the validator, the SSH connection and the Ansible inventory."""
+    user, at, hostport = value.rpartition("@")
+    host, colon, port = hostport.partition(":")
+    return (user if at else None), host, (port if colon else None)
+
+
+def _jump(value: str) -> str:
+    user, host, port = split_jump(value)
+    if ((user is not None and not _USER.fullmatch(user)) or not is_host(host)
+            or (port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535))):
+        raise ValueError("expected host, user@host, host:port or user@host:port, e.g. "
+                         "admin@bastion.lan:22 (a host name or an IPv4 address; a port from 1 to 65535)")
+    return value
+
+
+Host = Annotated[str, AfterValidator(_host)]
+
+
+class Rank(Strict):
+    name: Annotated[str, AfterValidator(_rank_name)] | None = None
+    address: Host
+    port: int = Field(22, ge=1, le=65535)
+    user: str = Field(min_length=1)
+    key: UserPath | None = None
+    jump: Annotated[str, AfterValidator(_jump)] | None = None  # "[user@]host[:port]" of a bastion
+    fabric_ips: list[IPv4Address] = []
+    sysfs_root: str = "/"  # the sandbox points the probe at fixture sysfs trees
+
+    @property
+    def label(self) -> str:
+        return self.name or self.address
+
+
+class NfsExport(Strict):
+    server: str
+    export: str
+
+
+class ModelSettings(Strict):
+    path: MountPath
+    served_name: str | None = None  # default: the profile's
+    nfs: NfsExport | None = None
+
+
+class ImageSettings(Strict):
+    base: str | None = None  # overrides the profile's base image
+    patches_dir: UserPath | None = None
+
+
+class ContainerSettings(Strict):
+    """How each rank's serving container is started (DESIGN.md § serving). The defaults are the
+    seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
+
+    gpus: str | None = "all"  # `--gpus` value; null leaves it out (no GPU, as in the sandbox)
+    devices: list[str] = ["/dev/infiniband"]
+    nofile: PositiveInt = 1048576
+    memlock: int = Field(-1, ge=-1)  # bytes; -1 = unlimited
+    shm_size: str = "16g"
+
+
+class Overrides(Strict):
+    engine_args: list[str] = []
+    env: EnvVars = {}
+    headroom_gib: Gib = 8.0
+    runtime_overhead_gib: Gib = 14.0
+    # how far below vLLM's startup guard the planned --gpu-memory-utilization stays (vllm_guard.py)
+    utilization_margin: float = Field(vllm_guard.MARGIN, ge=0, lt=1)
+    api_port: int | None = Field(None, ge=1, le=65535)
+    # passed as VLLM_API_KEY in the container env, masked in output; unset: a key generated once
+    # and kept on this host (launcher/inputs/apikey.py), unless open_api says to serve without one
+    api_key: str | None = None
+    open_api: bool = False
+    secret_env: list[str] = []  # env names masked in output beyond *TOKEN*, *KEY*, ... (redact.py)
+    sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
+
+    @field_validator("api_key")
+    @classmethod
+    def _bearer(cls, v: str | None) -> str | None:
+        if v is not None and (not v or any(c.isspace() for c in v)):
+            raise ValueError("must be one word, no spaces or line breaks (clients send it as "
+                             "`Authorization: Bearer KEY`)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way_to_the_key(self):
+        if self.api_key and self.open_api:
+            raise ValueError("api_key and open_api: true disagree: give one (open_api serves the API "
+                             "with no key at all)")
+        if "VLLM_API_KEY" in self.env:
+            raise ValueError("env.VLLM_API_KEY: put the key in overrides.api_key (passed the same way; "
+                             "sparkstack's own clients read it there)")
+        return self
+
+
+class FabricSettings(Strict):
+    """Pins on the derived fabric env (launcher/facts/fabric.py); leave unset unless something forces it."""
+
+    # NCCL_IB_GID_INDEX for every HCA. Unset: NCCL (>= 2.21) picks the IPv4 RoCE v2 entry per HCA,
+    # which follows the index when it drifts (it does, within minutes, when addresses change).
+    gid_index: int | None = Field(None, ge=0)
+
+
+class NcclSettings(Strict):
+    """A host NCCL build used instead of the image's own (rings in the field run a newer or
+    patched one): bind-mounted read-only at the same path and preloaded in the serving container."""
+
+    host_lib: MountPath | None = None  # e.g. /opt/nccl-2.30.7/lib/libnccl.so.2, the same on every rank
+    env: EnvVars = {}  # that build's own switches, e.g. NCCL_SWITCHLESS_RING_ONLY: "1"
+
+    @model_validator(mode="after")
+    def _env_needs_lib(self):
+        if self.env and not self.host_lib:
+            raise ValueError("`env` is for the host NCCL build's own switches: give `host_lib` too "
+                             "(other variables go under overrides.env)")
+        return self
+
+
+GID_INDEX_ENV = "NCCL_IB_GID_INDEX"
+
+
+class Cluster(Strict):
+    profile: str
+    topology: Literal["switch", "ring"]
+    rendezvous: Host | None = None  # address of rank 0 every rank reaches; see rendezvous()
+    # how the ranks form one vLLM: its native multi-node (--nnodes ...) or a Ray cluster (head on
+    # rank 0, workers join; the image must have `ray`)
+    multinode: Literal["native", "ray"] = "native"
+    ssh: SshSettings = SshSettings()
+    ranks: list[Rank] = Field(min_length=1)
+    model: ModelSettings
+    images: ImageSettings = ImageSettings()
+    overrides: Overrides = Overrides()
+    container: ContainerSettings = ContainerSettings()
+    fabric: FabricSettings = FabricSettings()
+    nccl: NcclSettings = NcclSettings()
+    profiles_dir: UserPath | None = None
+
+    @property
+    def gid_index(self) -> int | None:
+        """The pinned NCCL_IB_GID_INDEX (fabric.gid_index, or the same in overrides.env), else None."""
+        if self.fabric.gid_index is not None:
+            return self.fabric.gid_index
+        given = self.overrides.env.get(GID_INDEX_ENV)
+        return int(given) if given is not None else None
+
+    @model_validator(mode="after")
+    def _one_gid_index(self):
+        given = self.overrides.env.get(GID_INDEX_ENV)
+        if given is None:
+            return self
+        if not given.isdigit():
+            raise ValueError(f"overrides.env.{GID_INDEX_ENV}: {given!r} is not a GID index (0, 1, 2, ...)")
+        if self.fabric.gid_index is not None and int(given) != self.fabric.gid_index:
+            raise ValueError(f"fabric.gid_index {self.fabric.gid_index} and overrides.env.{GID_INDEX_ENV} "
+                             f"{given} disagree: give one")
+        return self
+
+    @model_validator(mode="after")
+    def _unique_addresses(self):
+        seen: dict[tuple[str, int], int] = {}
+        for i, rank in enumerate(self.ranks):
+            where = (rank.address, rank.port)
+            if where in seen:
+                raise ValueError(f"ranks[{i}] has the same address {rank.address}:{rank.port} "
+                                 f"as ranks[{seen[where]}]")
+            seen[where] = i
+        return self
+
+
+class Loaded(Strict):
+    """A validated config with its profile and the merged engine flags."""
+
+    path: Path
+    cluster: Cluster
+    profile: Profile
+    flags: list[vllm_flags.Flag]
+
+
+def rendezvous(loaded: Loaded, fabric_env: dict[int, dict[str, str]] | None = None) -> str:
+    """An address of rank 0 every rank reaches: the config's choice; on a switch, rank 0's fabric
+    IP; in a ring (rank 0 is not every rank's neighbour) its management IP, found from its facts
+    (its VLLM_HOST_IP in `fabric_env`), else its configured `address`."""
+    cluster = loaded.cluster
+    if cluster.rendezvous:
+        return cluster.rendezvous
+    first = cluster.ranks[0]
+    if cluster.topology == "switch" and first.fabric_ips:
+        return str(first.fabric_ips[0])
+    return (fabric_env or {}).get(0, {}).get("VLLM_HOST_IP") or first.address
+
+
+def config_path(given: str | None) -> Path:
+    return Path(given or os.environ.get("SPARKSTACK_CONFIG") or DEFAULT_CONFIG)
+
+
+def load(path: Path) -> Loaded:
+    """Read and cross-check the config and its profile; raises ConfigError listing every problem."""
+    cluster: Cluster = load_yaml_model(path, Cluster, "cluster config")
+    profile = load_profile(cluster.profile, _profiles_dir(cluster, path), f"{path}: profile")
+    flags = _engine_flags(path, cluster, profile)
+    _check_sizes(path, cluster, profile, flags)
+    _check_parallelism(path, cluster, flags)
+    o = cluster.overrides
+    redact.remember(o.api_key, *redact.secret_values(o.env, o.secret_env))
+    return Loaded(path=path, cluster=cluster, profile=profile, flags=flags)
+
+
+def _profiles_dir(cluster: Cluster, path: Path) -> Path:
+    if cluster.profiles_dir is None:
+        return PROFILES_DIR
+    return cluster.profiles_dir if cluster.profiles_dir.is_absolute() else path.parent / cluster.profiles_dir
+
+
+# TensorFold flags the plan sets from the cluster (plan._tensorfold_args), and where to set them.
+TENSORFOLD_MANAGED = {"--tp": "from ranks", "--rank": "from ranks", "--master": "from rendezvous",
+                      "--port": "from overrides.api_port", "--host": "0.0.0.0, so the API is reachable",
+                      "--name": "from model.served_name"}
+
+
+def _engine_flags(path: Path, cluster: Cluster, profile: Profile) -> list[vllm_flags.Flag]:
+    if profile.engine != "vllm":
+        _check_tensorfold(path, cluster, profile)
+        return []
+    plugin = frozenset(profile.plugin_flags)
+    try:
+        overrides = vllm_flags.parse(vllm_flags.split_lines(cluster.overrides.engine_args), plugin)
+    except (vllm_flags.FlagError, ValueError) as e:
+        raise ConfigError([f"{path}: overrides.engine_args: {e}"]) from None
+    problems = [f"{where}: {problem}" for where, flags in ((f"{path}: overrides.engine_args", overrides),
+                                                           (f"profile {profile.name}", profile.flags()))
+                for problem in _secret_flags(flags)]
+    if problems:
+        raise ConfigError(problems)
+    return vllm_flags.merge(profile.flags(), overrides)
+
+
+# Engine flags that would put a secret on the `docker run` command line, where `ps` on the rank
+# shows it to every local user; the environment (sent on stdin) carries it instead.
+SECRET_FLAGS = {"api_key": "put the key in overrides.api_key",
+                "hf_token": "put the token in overrides.env as HF_TOKEN"}
+
+
+def _secret_flags(flags: list[vllm_flags.Flag]) -> list[str]:
+    return [f"{f.name} with a value would show it on the rank's command line (`ps`): {SECRET_FLAGS[f.key]}"
+            for f in flags if f.key in SECRET_FLAGS and f.values]
+
+
+def _check_tensorfold(path: Path, cluster: Cluster, profile: Profile) -> None:
+    """TensorFold's flags are passed as written (its own parser checks them); the ones the plan
+    manages, and an API key TensorFold's server would not ask for, are refused here."""
+    problems = []
+    for where, lines in ((f"profile {profile.name}: args", profile.args),
+                         ("overrides.engine_args", cluster.overrides.engine_args)):
+        try:
+            tokens = vllm_flags.split_lines(lines)
+        except ValueError as e:
+            problems.append(f"{path}: {where}: {e}")
+            continue
+        for token in tokens:
+            name = token.partition("=")[0]
+            if name in TENSORFOLD_MANAGED:
+                problems.append(f"{path}: {where}: {name} is set by the plan ({TENSORFOLD_MANAGED[name]})")
+    if cluster.overrides.api_key:
+        problems.append(f"{path}: overrides.api_key: TensorFold's server checks no API key (seed 001: "
+                        "keep it on a private network); remove api_key for profile " + profile.name)
+    if problems:
+        raise ConfigError(problems)
+
+
+# Sizes vLLM's parser takes (any int) but its engine refuses: key -> (accepted?, what is expected).
+SIZE_FLAGS = {
+    "tensor_parallel_size": (lambda n: n >= 1, "1 or more (one GPU per rank)"),
+    "pipeline_parallel_size": (lambda n: n >= 1, "1 or more"),
+    "decode_context_parallel_size": (lambda n: n >= 1, "1 or more, dividing tensor parallel"),
+    "max_model_len": (lambda n: n >= 1 or n == -1, "a number of tokens (1 or more), or auto"),
+    "kv_cache_memory_bytes": (lambda n: n is None or n >= 1, "a number of bytes (1 or more), e.g. 14g"),
+}
+
+
+def _check_sizes(path: Path, cluster: Cluster, profile: Profile, flags: list[vllm_flags.Flag]) -> None:
+    """Refuse the sizes SIZE_FLAGS refuses, naming where each was set, before the plan divides by them."""
+    if profile.engine != "vllm":
+        return
+    ours = vllm_flags.split_lines(cluster.overrides.engine_args)
+    user = {f.key for f in vllm_flags.parse(ours, frozenset(profile.plugin_flags))}
+    problems = []
+    for key, (accepted, expected) in SIZE_FLAGS.items():
+        flag = next((f for f in flags if f.key == key), None)
+        if flag is None:
+            continue
+        where = f"{path}: overrides.engine_args" if key in user else f"{path}: profile {profile.name}"
+        try:
+            if not accepted(vllm_flags.converted(flags, key)):
+                problems.append(f"{where}: {shlex.join(flag.argv())}: expected {expected}")
+        except vllm_flags.FlagError as e:
+            problems.append(f"{where}: {e}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _check_parallelism(path: Path, cluster: Cluster, flags: list[vllm_flags.Flag]) -> None:
+    """One GPU per Spark: TP × PP must equal the number of ranks; DCP must divide TP."""
+    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
+    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
+    dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
+    problems = []
+    if tp * pp != len(cluster.ranks):
+        problems.append(f"{path}: ranks: {len(cluster.ranks)} ranks listed, but tensor parallel "
+                        f"{tp} × pipeline parallel {pp} = {tp * pp} (one GPU per rank)")
+    if tp % dcp:
+        problems.append(f"{path}: profile {cluster.profile}: decode-context-parallel {dcp} "
+                        f"does not divide tensor parallel {tp}")
+    if problems:
+        raise ConfigError(problems)

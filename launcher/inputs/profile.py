@@ -1,0 +1,144 @@
+"""Serving profiles (`env/profiles/<name>.yaml`): one recipe from the seeds each.
+
+A profile holds the image (a chain of patch stages over a base, or a prebuilt image), the engine
+and its arguments (written exactly as the seeds give them, one flag per line in shell quoting),
+the environment, the KV layout, and the figures the planner falls back on when the checkpoint
+cannot be read (the model's shape and the weights per rank the seed reports).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from . import vllm_flags
+from .. import resources
+from ..errors import ConfigError, load_yaml_model
+from ..facts.checkpoint import ModelShape
+
+PROFILES_DIR = resources.PROFILES_DIR
+
+# A memory figure in GiB: finite (an infinite one passes `ge` and overflows the byte arithmetic)
+# and below a PiB.
+Gib = Annotated[float, Field(ge=0, lt=2**20, allow_inf_nan=False)]
+
+
+def _env_vars(env: dict[str, str]) -> dict[str, str]:
+    """A container's env travels as `KEY=value` lines (serve.run_command) and `-e KEY=value`: a
+    name with `=`, a space or a newline, or a value with a newline, would set something else."""
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{key!r} is not an environment variable name (letters, digits and _, "
+                             "not starting with a digit)")
+        if "\n" in value or "\0" in value:
+            raise ValueError(f"{key}: the value has a line break or NUL, which an env file cannot carry")
+    return env
+
+
+EnvVars = Annotated[dict[str, str], AfterValidator(_env_vars)]
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ImageSpec(Strict):
+    chain: list[str] = []
+    base: str | None = None
+    prebuilt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if bool(self.prebuilt) == bool(self.chain or self.base):
+            raise ValueError("give either `prebuilt`, or `base` with an optional `chain` of stages")
+        return self
+
+
+class KvRule(Strict):
+    layout: Literal["fp8_ds_mla", "fp8", "bf16"]
+    engine_managed: bool = False  # the engine sizes its own KV pool (TensorFold)
+
+
+class ShapeDefaults(Strict):
+    num_hidden_layers: PositiveInt
+    num_nextn_predict_layers: int = Field(0, ge=0)
+    kv_lora_rank: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    index_head_dim: int = Field(0, ge=0)
+
+
+class Defaults(Strict):
+    """Seed figures used when no checkpoint can be read; each use is listed as assumed."""
+
+    model_shape: ShapeDefaults
+    weights_per_rank_gib: Annotated[Gib, Field(gt=0)]
+    mtp_weights_per_rank_gib: Gib = 0.0
+
+
+class BenchDefaults(Strict):
+    """Sampling `sparkstack bench` uses unless told otherwise (seed 000 measured at 0.6 / 0.95)."""
+
+    temperature: float = Field(0.6, ge=0, allow_inf_nan=False)
+    top_p: float = Field(0.95, gt=0, le=1)
+
+
+class Profile(Strict):
+    name: str = ""
+    description: str
+    seeds: list[str] = []
+    engine: Literal["vllm", "tensorfold"] = "vllm"
+    image: ImageSpec
+    served_name: str
+    api_port: int = Field(8000, ge=1, le=65535)
+    args: list[str] = []
+    plugin_flags: list[str] = []
+    env: EnvVars = {}
+    kv: KvRule
+    defaults: Defaults
+    bench: BenchDefaults = BenchDefaults()
+
+    def flags(self) -> list[vllm_flags.Flag]:
+        return vllm_flags.parse(vllm_flags.split_lines(self.args), frozenset(self.plugin_flags))
+
+    def shape(self) -> ModelShape:
+        return ModelShape(**self.defaults.model_shape.model_dump())
+
+
+
+# A profile is a file name stem in its directory: no path separators, no hidden files.
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
+    try:
+        return sorted(p.stem for p in directory.glob("*.yaml"))
+    except OSError:  # a directory that cannot be listed holds no profile we can name
+        return []
+
+
+def load_profile(name: str, directory: Path = PROFILES_DIR, named_in: str = "") -> Profile:
+    """The profile `name`; `named_in` says where it was asked for ("cluster.yaml: profile")."""
+    path = directory / f"{name}.yaml"
+    if not PROFILE_NAME.fullmatch(name) or not _is_file(path):
+        known = ", ".join(profile_names(directory)) or "none"
+        where = f"{named_in}: " if named_in else ""
+        why = f"no {path}" if PROFILE_NAME.fullmatch(name) else "not a profile name (letters, digits, . _ -)"
+        raise ConfigError([f"{where}profile {name!r}: {why} (known profiles: {known})"])
+    profile = load_yaml_model(path, Profile, "profile").model_copy(update={"name": name})
+    if profile.engine == "vllm":
+        try:
+            profile.flags()
+        except vllm_flags.FlagError as e:
+            hint = ("; if a plugin adds it on purpose, list it under plugin_flags"
+                    if isinstance(e, vllm_flags.UnknownFlagError) else "")
+            raise ConfigError([f"{path}: args: {e}{hint}"]) from None
+    return profile
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name too long, a directory we may not enter
+        return False

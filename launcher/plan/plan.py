@@ -1,0 +1,457 @@
+"""The plan: per rank the environment, the `docker run` argv and the engine argv, and the KV sizing.
+
+Pure data computed from the config, the profile and (when given) what was read of the
+checkpoint and the ranks; nothing here touches a rank. Every input that had to be defaulted is
+listed in `assumed`, so a plan made without the cluster says what it took on trust.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import engine, kv
+from .. import redact
+from ..errors import ConfigError, PlanRefused, SparkstackError
+from ..facts import fabric
+from ..facts.checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
+from ..facts.facts import Facts
+from ..inputs import apikey, vllm_flags, vllm_guard
+from ..inputs.config import Cluster, ContainerSettings, Loaded, rendezvous
+
+# A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
+# 127,600,000 kB (≈ 121.7 GiB, DESIGN.md), and MemAvailable once page caches are dropped and
+# nothing runs: 122,771,456 kB (≈ 117.1 GiB, tests/facts_cases/meminfo_gb10_caches_dropped.json).
+GB10_MEM_TOTAL = 127_600_000 * 1024
+GB10_MEM_AVAILABLE = 122_771_456 * 1024
+
+CONTAINER_NAME = "sparkstack-engine"
+FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
+# Every container's environment travels on stdin (env_file), never as `-e` on a command line,
+# where `ps` on the rank would show each value to every local user.
+ENV_FROM_STDIN = ["--env-file", "/dev/stdin"]
+AUTO = -1  # vLLM's --max-model-len auto (also written -1)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What is known of the checkpoint: its shape and the weights on the fullest rank."""
+
+    shape: ModelShape
+    weights: WeightSplit | None  # None: the profile's per-rank figure is used
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What one rank's MemAvailable must cover for the plan to start (see memory_need)."""
+
+    weights: int
+    runtime_overhead: int
+    headroom: int
+    kv_min: int
+    kv_why: str
+    assumed: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.runtime_overhead + self.headroom + self.kv_min
+
+    def explain(self) -> str:
+        return (f"weights {kv.gib(self.weights)} + runtime {kv.gib(self.runtime_overhead)} + "
+                f"headroom {kv.gib(self.headroom)} + KV {kv.gib(self.kv_min)} ({self.kv_why})")
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    host: str
+    env: dict[str, str]
+    docker_run: list[str]
+    engine: list[str]
+
+
+@dataclass
+class Plan:
+    ranks: list[RankPlan]
+    kv: kv.KvSizing | None
+    image: str
+    assumed: list[str] = field(default_factory=list)
+    guard: vllm_guard.Guard | None = None  # vLLM's startup memory guard; None: not vLLM
+    api: apikey.ApiKey | None = None  # the API's key, where it is kept, or why there is none
+    secret_env: tuple[str, ...] = ()  # names masked beyond the secret-looking ones (redact.py)
+    notes: list[str] = field(default_factory=list)  # what the user should know before `up`
+
+    def to_json(self, reveal_secrets: bool = False) -> dict:
+        def env(e: dict[str, str]) -> dict[str, str]:
+            return e if reveal_secrets else redact.env(e, self.secret_env)
+
+        sizing = self.kv
+        return {
+            "ranks": [{"rank": r.rank, "host": r.host, "env": env(r.env),
+                       "docker_run": r.docker_run, "engine": r.engine} for r in self.ranks],
+            "kv": {"bytes_per_token": sizing.bytes_per_token if sizing else None,
+                   "kv_cache_memory_bytes": sizing.kv_cache_memory_bytes if sizing else None,
+                   "max_tokens": sizing.max_tokens if sizing else None},
+            "vllm_guard": self.guard.to_json() if self.guard else None,
+            "api": self.api.to_json(reveal_secrets) if self.api else None,
+            "assumed": self.assumed,
+            "notes": self.notes,
+        }
+
+
+def read_model(loaded: Loaded, tp: int, pp: int, assumed: list[str]) -> ModelFacts:
+    """The checkpoint as seen from here, else the profile's seed figures (noted in `assumed`)."""
+    model_dir = Path(loaded.cluster.model.path)
+    profile = loaded.profile
+    try:
+        shape = read_shape(model_dir)
+    except CheckpointError as e:
+        assumed.append(f"model shape: profile {profile.name}'s figures ({e})")
+        return ModelFacts(profile.shape(), None)
+    try:
+        return ModelFacts(shape, split_weights(model_dir, shape, tp, pp))
+    except CheckpointError as e:
+        assumed.append(f"weights per rank: profile {profile.name}'s figures ({e})")
+        return ModelFacts(shape, None)
+
+
+def build(loaded: Loaded, model: ModelFacts | None = None,
+          facts: dict[int, Facts] | None = None, key: apikey.ApiKey | None = None) -> Plan:
+    """The whole plan. `model` and `facts` (rank -> the probe's Facts) come from the cluster
+    when it is reachable; without them the plan falls back on documented defaults. Facts supply
+    each rank's memory (KV sizing, vLLM's startup guard) and its own fabric environment
+    (launcher.facts.fabric). `key`: the API's key, by default as kept on this host (read, never made)."""
+    cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
+    assumed: list[str] = []
+    key = key or apikey.resolve(loaded)
+    if key.source == apikey.NOT_YET:
+        assumed.append(f"API key: {key.describe()}; not in this plan")
+    facts = facts or {}
+    memory = rank_memory(loaded, facts, assumed)
+    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
+    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
+    model = model or read_model(loaded, tp, pp, assumed)
+    sizing = _size_kv(loaded, model, memory, assumed)
+    guard = memory_guard(loaded, memory) if profile.engine == "vllm" else None
+    if guard and guard.utilization is None:
+        raise PlanRefused(f"profile {profile.name} cannot start: {guard.note}. Free memory on that "
+                          "rank (sparkstack prep) or lower overrides.runtime_overhead_gib")
+    image = _image(loaded, assumed)
+    fabric_env = fabric_envs(loaded, facts, assumed)  # NCCL's pins, whatever the engine
+    managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
+        vllm_flags.value(flags, "tensor_parallel_size") is None else []
+    if sizing and not profile.kv.engine_managed:
+        managed.append(vllm_flags.Flag("--kv-cache-memory-bytes", (str(sizing.kv_cache_memory_bytes),)))
+    if guard and guard.source == "plan":  # a profile's or the user's value that stays is as written
+        managed.append(vllm_flags.Flag("--gpu-memory-utilization", (str(guard.utilization),)))
+    master = rendezvous(loaded, fabric_env)
+    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master,
+                        key.value) for r in range(len(cluster.ranks))]
+    notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
+                                                      len(cluster.ranks)) == "vllm-ray.j2" else []
+    return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes)
+
+
+def ray_note(master: str) -> str:
+    """What vLLM on Ray leaves open (templates/engine/vllm-ray.j2)."""
+    return (f"Ray head on rank 0, joined at {master}:{engine.RAY_PORT}; no dashboard "
+            "(--include-dashboard=false). Ray's own servers (its GCS on rank 0, raylet, object "
+            "manager and workers on every rank) listen on every interface whatever the flags (Ray has "
+            "no option to bind them) and run code for whoever reaches them: keep the ranks' networks "
+            "private, or firewall those ports to the ranks (see them: ss -ltnp)")
+
+
+def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
+    """Each probed rank's own NCCL/UCX/Gloo env and VLLM_HOST_IP from its own facts
+    (launcher.facts.fabric); what is missing or had to be guessed goes to `assumed`."""
+    cluster = loaded.cluster
+    what = "fabric environment (" + ", ".join(FABRIC_ENV) + ")"
+    if not facts:
+        assumed.append(f"{what}: derived from each rank's sysfs once probed; not in this plan")
+        if cluster.topology == "ring":
+            assumed.append("ring: VLLM_HOST_IP and the master address are each rank's `address`, "
+                           "taken as its management IP until probed")
+        return {}
+    envs: dict[int, dict[str, str]] = {}
+    for r, rank in enumerate(cluster.ranks):
+        name = f"rank {r} ({rank.label})"
+        if r not in facts:
+            assumed.append(f"{what} of {name}: not probed; not in this plan")
+            continue
+        rf = fabric.for_rank(facts[r], cluster, r)
+        if rf.failures:
+            first = rf.failures[0]
+            assumed.append(f"{what} of {name}: not derived ({first.name}: {first.value}; fix: "
+                           f"{first.fix}); not in this plan")
+            continue
+        if rf.management and rf.management.assumed:
+            assumed.append(f"management network of {name}: {rf.management.assumed}")
+        envs[r] = rf.env
+    return envs
+
+
+def memory_need(loaded: Loaded, model: ModelFacts | None = None) -> MemoryNeed:
+    """The least MemAvailable a rank must have for this profile to start: its weights, the
+    runtime overhead, the headroom and the smallest KV cache the plan accepts (the profile's
+    fixed --kv-cache-memory-bytes, else one --max-model-len sequence, else one token).
+    Never refuses: `check` and `prep` compare each rank's memory against it."""
+    cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
+    assumed: list[str] = []
+    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
+    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
+    model = model or read_model(loaded, tp, pp, assumed)
+    mtp = _mtp_enabled(flags)
+    dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
+    weights = _weights(loaded, model, mtp, assumed)
+    bpt = kv.bytes_per_token(model.shape, profile.kv.layout, mtp=mtp, dcp=dcp)
+    fixed = vllm_flags.converted(flags, "kv_cache_memory_bytes")
+    max_len = vllm_flags.converted(flags, "max_model_len")
+    if fixed:
+        kv_min, kv_why = fixed, "the profile's --kv-cache-memory-bytes"
+    else:
+        tokens = max_len if max_len and max_len > 0 else 1  # -1: auto, whatever fits
+        kv_min, kv_why = tokens * bpt, f"{tokens:,} tokens at {bpt:,} B/token"
+    o = cluster.overrides
+    return MemoryNeed(weights, int(o.runtime_overhead_gib * kv.GIB), int(o.headroom_gib * kv.GIB),
+                      kv_min, kv_why, tuple(assumed))
+
+
+def rank_memory(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, tuple[int, int]]:
+    """Each rank's (MemTotal, MemAvailable) from its /proc/meminfo, else a GB10's with page
+    caches dropped (listed in `assumed`)."""
+    read = {r: (f.memory.total, f.memory.available) for r, f in facts.items() if f.memory}
+    n = len(loaded.cluster.ranks)
+    if len(read) < n:
+        assumed.append(f"MemAvailable: {kv.gib(GB10_MEM_AVAILABLE)} of MemTotal "
+                       f"{kv.gib(GB10_MEM_TOTAL)} per rank (a GB10 with page caches dropped) "
+                       "for ranks whose /proc/meminfo was not read")
+    return {r: read.get(r, (GB10_MEM_TOTAL, GB10_MEM_AVAILABLE)) for r in range(n)}
+
+
+def memory_guard(loaded: Loaded, memory: dict[int, tuple[int, int]]) -> vllm_guard.Guard:
+    """The --gpu-memory-utilization that clears vLLM's startup guard on every rank with the
+    config's margin (launcher/inputs/vllm_guard.py), or the value the config or profile gives."""
+    o = loaded.cluster.overrides
+    given, given_by = _given_utilization(loaded)
+    return vllm_guard.choose(memory, int(o.runtime_overhead_gib * kv.GIB), o.utilization_margin,
+                             given, given_by, loaded.profile.name)
+
+
+def _given_utilization(loaded: Loaded) -> tuple[float | None, str]:
+    """The --gpu-memory-utilization written in cluster.yaml's overrides.engine_args ("config")
+    or else in the profile ("profile"); (None, "plan") when neither sets one."""
+    written = vllm_flags.value(loaded.flags, "gpu_memory_utilization")
+    if written is None:
+        return None, "plan"
+    user = vllm_flags.parse(vllm_flags.split_lines(loaded.cluster.overrides.engine_args),
+                            frozenset(loaded.profile.plugin_flags))
+    by_user = vllm_flags.value(user, "gpu_memory_utilization") is not None
+    where = f"{loaded.path}: overrides.engine_args" if by_user else f"profile {loaded.profile.name}"
+    try:
+        utilization = float(written)
+    except ValueError:
+        utilization = float("nan")
+    if not 0 < utilization <= 1:
+        raise ConfigError([f"{where}: --gpu-memory-utilization {written!r}: expected a fraction "
+                           "of memory above 0 and at most 1, e.g. 0.8"])
+    return utilization, "config" if by_user else "profile"
+
+
+def _size_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int]],
+             assumed: list[str]) -> kv.KvSizing:
+    cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
+    mtp = _mtp_enabled(flags)
+    dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
+    weights = _weights(loaded, model, mtp, assumed)
+    smallest = min(available for _, available in memory.values())
+    o = cluster.overrides
+    budget = kv.KvBudget(smallest, weights, int(o.runtime_overhead_gib * kv.GIB), int(o.headroom_gib * kv.GIB))
+    bpt = kv.bytes_per_token(model.shape, profile.kv.layout, mtp=mtp, dcp=dcp)
+    max_len = vllm_flags.converted(flags, "max_model_len")
+    try:
+        sizing = kv.size_kv(bpt, budget, None if max_len == AUTO else max_len,
+                            vllm_flags.converted(flags, "kv_cache_memory_bytes"))
+    except kv.KvDoesNotFit as e:
+        raise PlanRefused(f"profile {profile.name} does not fit: {e}") from None
+    if max_len == AUTO:
+        assumed.append(f"--max-model-len auto: vLLM picks the longest context that fits the KV "
+                       f"cache (and the model's own limit): {sizing.max_tokens:,} tokens by this plan")
+    return sizing
+
+
+def _weights(loaded: Loaded, model: ModelFacts, mtp: bool, assumed: list[str]) -> int:
+    """Weight bytes on the fullest rank: from the checkpoint's headers, else the profile."""
+    profile = loaded.profile
+    if model.weights is not None:
+        return model.weights.per_rank_bytes + (model.weights.mtp_per_rank_bytes if mtp else 0)
+    d = profile.defaults
+    mtp_part = f" + {d.mtp_weights_per_rank_gib} GiB MTP" if mtp and d.mtp_weights_per_rank_gib else ""
+    assumed.append(f"weights per rank: {d.weights_per_rank_gib} GiB{mtp_part}"
+                   + f" from profile {profile.name} (seeds {', '.join(profile.seeds)})")
+    return int((d.weights_per_rank_gib + (d.mtp_weights_per_rank_gib if mtp else 0)) * kv.GIB)
+
+
+def _mtp_enabled(flags: list[vllm_flags.Flag]) -> bool:
+    spec = vllm_flags.value(flags, "speculative_config")
+    if not spec:
+        return False
+    try:
+        method = json.loads(spec).get("method", "")
+    except (json.JSONDecodeError, AttributeError):
+        return False
+    return "mtp" in str(method)
+
+
+def serving_image(loaded: Loaded) -> tuple[str, list[str]]:
+    """The profile's serving image ref and what had to be assumed for it: a content tag
+    (`sparkstack/<top>:<hash>`), a prebuilt ref, or a `:unbuilt` placeholder with the reason."""
+    notes: list[str] = []
+    return _image(loaded, notes), notes
+
+
+def _image(loaded: Loaded, assumed: list[str]) -> str:
+    spec, base_override = loaded.profile.image, loaded.cluster.images.base
+    if spec.prebuilt:
+        return base_override or spec.prebuilt
+    from ..images import build as image_build, images  # content tags; Docker only for the base's ID
+    from ..errors import ConfigError
+
+    top = spec.chain[-1] if spec.chain else "base"
+    placeholder = f"sparkstack/{top}:unbuilt"
+    try:
+        images.patches_dir(loaded)
+    except ConfigError:  # no patch files here: the tag cannot be computed
+        assumed.append(f"image: {placeholder} stands for the chain's content tag, which "
+                       "`sparkstack build` computes")
+        return placeholder
+    base = images.base_name(loaded)
+    base_id = image_build.local_base_id(base)
+    try:
+        chain = images.chain_for(loaded, base_id)
+    except ConfigError as e:
+        assumed.append(f"image: {placeholder} stands for the chain's content tag; `sparkstack "
+                       f"build` refuses the chain: {e.problems[0]}")
+        return placeholder
+    if base_id is None:
+        assumed.append(f"image: the base {base} is not in the local Docker: the chain's tags hash "
+                       "its name, not its image ID (`sparkstack build` pulls it first)")
+    return chain.top
+
+
+def _host_ip(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> str:
+    """The rank's own address on the network the rendezvous uses: on a switch its fabric IP
+    (unless `rendezvous` picks another network), in a ring its management IP from its facts."""
+    cluster = loaded.cluster
+    rank = cluster.ranks[r]
+    if cluster.topology == "switch":
+        return str(rank.fabric_ips[0]) if rank.fabric_ips and not cluster.rendezvous else rank.address
+    return fabric_env.get("VLLM_HOST_IP") or rank.address
+
+
+def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag],
+               fabric_env: dict[str, str], master: str, api_key: str | None) -> RankPlan:
+    env = rank_env(loaded, r, fabric_env, api_key)
+    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image),
+                    _engine_argv(loaded, r, flags, _host_ip(loaded, r, fabric_env), master))
+
+
+def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str], api_key: str | None = None) -> dict[str, str]:
+    """The rank's container environment; VLLM_API_KEY only when `api_key` is given."""
+    cluster, profile = loaded.cluster, loaded.profile
+    env = dict(profile.env)
+    if len(cluster.ranks) > 1 and cluster.ranks[r].fabric_ips:
+        env.update(fabric.topology_env(cluster.topology))  # also before the rank is probed
+        if cluster.fabric.gid_index is not None:  # pinned on request only (launcher/facts/fabric.py)
+            env["NCCL_IB_GID_INDEX"] = str(cluster.fabric.gid_index)
+    if profile.engine == "vllm":
+        env["VLLM_HOST_IP"] = _host_ip(loaded, r, fabric_env)
+    # TensorFold takes its rank, master and model as flags (_engine_argv), not env;
+    # the rank's own NICs, HCAs and sockets (_host_ip chose VLLM_HOST_IP); the config's env still wins
+    env.update({k: v for k, v in fabric_env.items() if k != "VLLM_HOST_IP"})
+    env.update(nccl_env(cluster))
+    env.update(cluster.overrides.env)
+    if api_key:  # apikey.resolve gives none for TensorFold, which reads no key
+        env["VLLM_API_KEY"] = api_key
+    return env
+
+
+def env_file(env: dict[str, str], who: str) -> bytes:
+    """The environment as `docker run --env-file /dev/stdin` reads it (ENV_FROM_STDIN)."""
+    for key, value in env.items():
+        if "\n" in value:
+            raise SparkstackError(f"{who}: environment value of {key} has a newline")
+    return "".join(f"{k}={env[k]}\n" for k in sorted(env)).encode()
+
+
+def nccl_env(cluster: Cluster) -> dict[str, str]:
+    """A host NCCL build (nccl.host_lib) preloaded over the image's own, for torch and for vLLM's
+    own NCCL wrapper alike, with that build's switches."""
+    lib = cluster.nccl.host_lib
+    return {"LD_PRELOAD": lib, "VLLM_NCCL_SO_PATH": lib, **cluster.nccl.env} if lib else {}
+
+
+def nccl_mounts(cluster: Cluster) -> list[str]:
+    """`docker run` options that bring the host NCCL build in, read-only at the same path."""
+    lib = cluster.nccl.host_lib
+    return ["-v", f"{lib}:{lib}:ro"] if lib else []
+
+
+def host_settings(c: ContainerSettings) -> list[str]:
+    """`docker run` options every engine-side container on a rank shares (the serving one, the
+    bandwidth probe's): host network and IPC, the GPU, shm, NCCL-sized ulimits, the RDMA devices."""
+    argv = ["--network", "host", "--ipc", "host"]
+    if c.gpus:
+        argv += ["--gpus", c.gpus]
+    argv += ["--shm-size", c.shm_size,
+             "--ulimit", f"nofile={c.nofile}:{c.nofile}", "--ulimit", f"memlock={c.memlock}:{c.memlock}"]
+    for device in c.devices:
+        argv += ["--device", device]
+    return argv
+
+
+def _docker_run(loaded: Loaded, r: int, image: str) -> list[str]:
+    """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
+    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path; its environment
+    on stdin (env_file)."""
+    model = loaded.cluster.model.path
+    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container)]
+    argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
+             "--label", f"org.sparkstack.profile={loaded.profile.name}",
+             "--label", f"org.sparkstack.rank={r}", *ENV_FROM_STDIN]
+    return argv + [image]
+
+
+def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: str, master: str) -> list[str]:
+    """The container's command after the image, from templates/engine (launcher/plan/engine.py)."""
+    cluster, profile = loaded.cluster, loaded.profile
+    served = cluster.model.served_name or profile.served_name
+    port = cluster.overrides.api_port or profile.api_port
+    args: list[str] = []
+    if profile.engine == "tensorfold":
+        args = _tensorfold_args(loaded, r, served, port, master)
+    elif profile.engine == "vllm":
+        F = vllm_flags.Flag
+        managed = [F("--served-model-name", (served,)), F("--port", (str(port),))]
+        if len(cluster.ranks) > 1 and cluster.multinode == "ray":  # workers join rank 0's Ray head
+            managed.append(F("--distributed-executor-backend", ("ray",)))
+        elif len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
+            managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
+                        F("--master-addr", (master,))]
+            if r > 0:
+                managed.append(F("--headless"))
+        args = vllm_flags.render(vllm_flags.merge(flags, managed))
+    return engine.command(profile.engine, cluster.multinode, rank=r, n_ranks=len(cluster.ranks),
+                          model=cluster.model.path, args=args, host_ip=host_ip, head=master)
+
+
+def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int, master: str) -> list[str]:
+    """Seed 001's recipe (one-shot.sh): `serve MODEL --tp N --rank R --master M --port P --host
+    0.0.0.0 --name NAME`, then the profile's flags and the config's (TensorFold's argparse takes
+    the last of a repeated flag, so the config's win). --host: TensorFold listens on 127.0.0.1
+    by default, which the control host cannot reach."""
+    cluster = loaded.cluster
+    managed = ["--tp", str(len(cluster.ranks)), "--rank", str(r), "--master", master,
+               "--port", str(port), "--host", "0.0.0.0", "--name", served]
+    return managed + vllm_flags.split_lines(loaded.profile.args) + vllm_flags.split_lines(
+        cluster.overrides.engine_args)
