@@ -54,10 +54,6 @@ MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
 HERE = Path(__file__).resolve().parent
 
 
-def repo_root() -> Path:
-    return HERE.parent.parent
-
-
 def serve_flags_file() -> Path:
     """vLLM 0.33's option table: the kit's own vendored copy, the one `plan` checks flags with."""
     from .. import vllm_flags
@@ -489,10 +485,6 @@ def ensure_images(client, progress=print) -> dict[str, str]:
         drop_old_tags(client, st.repository, st.tag)
         drop_old_tags(client, st.parent.repository, st.parent.tag)
     return tags
-
-
-def all_repositories() -> list[str]:
-    return [RANK_FS.repository, STANDIN_FS.repository, "sparkstack-sandbox-rank", "sandbox-vllm"]
 
 
 def remove_cached_images(client) -> list[str]:
