@@ -94,7 +94,7 @@ def test_up_takes_the_profile_flag(sandbox, cfg, started, tmp_path):
     """`up --profile NAME` deploys NAME, not the config's profile: a cluster.yaml naming another
     profile, with --profile sandbox, finds the sandbox profile running as planned and changes nothing."""
     data = yaml.safe_load(open(cfg))
-    data["profile"] = "pollard-180k"  # its image is on no rank: `up` with it would fail
+    data["profile"] = "pollard-180k"  # `up` with it would restart every rank as pollard-180k
     other = tmp_path / "cluster.yaml"
     other.write_text(yaml.safe_dump(data))
     before = json.loads(cli("status", "-c", cfg, "--json").stdout)
