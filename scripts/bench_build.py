@@ -11,6 +11,8 @@ command line (`sparkstack build --json`, interpreter start-up included):
 
 and prints the ratio of the top-stage rebuild to the full build. Every image it made is removed
 at the end. Run: .venv/bin/python scripts/bench_build.py [--noop-runs N]
+It times the `sparkstack` beside that python, and borrows the stand-in base and patch files of
+tests/test_build.py and tests/test_images.py (so it needs the test extras: pytest, docker).
 """
 
 from __future__ import annotations
@@ -31,12 +33,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import yaml  # noqa: E402
 
-from conftest import example_config  # noqa: E402
 from launcher.images import build as build_mod  # noqa: E402
-from test_build import make_test_base, remove_test_images, session_id  # noqa: E402
-from test_images import PATCH_FILES, write_patches  # noqa: E402
 
-SPARKSTACK = ROOT / ".venv" / "bin" / "sparkstack"
+SPARKSTACK = Path(sys.executable).parent / "sparkstack"  # the one installed beside this python
+EXAMPLE_CONFIG = ROOT / "env" / "cluster.example.yaml"
 
 
 CPU: list[float] = []  # CPU seconds (user + sys) of each `sparkstack build` run
@@ -88,13 +88,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noop-runs", type=int, default=5)
     runs = parser.parse_args().noop_runs
+    from test_build import make_test_base, remove_test_images, session_id
+    from test_images import PATCH_FILES, write_patches
+
     client = build_mod.connect()
     session = session_id()
     try:
         with tempfile.TemporaryDirectory(prefix="sparkstack-bench-") as tmp:
             base = make_test_base(client, session)
             patches = write_patches(Path(tmp) / "patches")
-            data = example_config()
+            data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
             data.update(profile="sandbox", images={"base": base, "patches_dir": str(patches)})
             config = Path(tmp) / "cluster.yaml"
             config.write_text(yaml.safe_dump(data, sort_keys=False))

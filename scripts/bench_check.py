@@ -35,6 +35,8 @@ from launcher.inputs import config  # noqa: E402
 from launcher.plan import inventory  # noqa: E402
 from launcher.sandbox import cluster as sandbox_cluster  # noqa: E402
 
+BIN = Path(sys.executable).parent  # the sparkstack and ansible installed beside this python
+
 
 def timed(fn, runs: int) -> list[float]:
     out = []
@@ -123,7 +125,7 @@ def main() -> int:
     report = check.run(loaded)
     probe = [c for r in report.ranks for c in r.checks if c.name == "ssh"]
     print(f"  (per-rank probe inside it: {', '.join(c.value.rsplit('probe ', 1)[-1] for c in probe)})")
-    cli = [str(ROOT / ".venv/bin/sparkstack"), "check", "-c", str(args.config), "--json"]
+    cli = [str(BIN / "sparkstack"), "check", "-c", str(args.config), "--json"]
     cli_med = show(f"check, CLI process, {n} ranks",
                    timed(lambda: subprocess.run(cli, capture_output=True), args.runs))
 
@@ -132,7 +134,7 @@ def main() -> int:
         inv.write_text(inventory.render(loaded.cluster, "ini"))
         env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_STDOUT_CALLBACK": "json",
                "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3"}
-        argv = [str(ROOT / ".venv/bin/ansible"), "all", "-i", str(inv), "-m", "setup", "-f", str(n)]
+        argv = [str(BIN / "ansible"), "all", "-i", str(inv), "-m", "setup", "-f", str(n)]
         first = subprocess.run(argv, capture_output=True, text=True, env=env)
         if first.returncode != 0:
             print(f"ansible -m setup failed (exit {first.returncode}): {first.stdout[-400:]}{first.stderr[-400:]}")

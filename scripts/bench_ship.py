@@ -193,7 +193,7 @@ def show_ranks(plan, layer: int | None = None) -> None:
 
 def cli_noop(cfg: Path, ref: str) -> tuple[float, list[dict]]:
     started = time.monotonic()
-    done = subprocess.run([str(ROOT / ".venv/bin/sparkstack"), "ship", "-c", str(cfg), "--image", ref,
+    done = subprocess.run([str(Path(sys.executable).parent / "sparkstack"), "ship", "-c", str(cfg), "--image", ref,
                            "--json"], capture_output=True, text=True)
     wall = time.monotonic() - started
     if done.returncode:

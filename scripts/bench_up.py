@@ -9,6 +9,7 @@
 Usage: .venv/bin/python scripts/bench_up.py   (brings the sandbox up if needed)
 """
 
+import argparse
 import json
 import os
 import statistics
@@ -35,6 +36,7 @@ def lacking() -> int:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help runs nothing
     _, out = run("sandbox", "status", "--json")
     os.environ["SPARKSTACK_CONFIG"] = json.loads(out)["config"]
     run("sandbox", "up")

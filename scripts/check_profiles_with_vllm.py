@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Check the kit's vLLM argv and the sandbox stand-in against vLLM 0.33's own parser.
 
-Needs vLLM installed (see scripts/extract_vllm_flags.py) and the kit's .venv; not a test:
+Needs vLLM installed (see scripts/extract_vllm_flags.py) and the kit's `sparkstack` (by default
+the one beside this python; else name it); not a test:
 
     /work/vllm-venv/bin/python scripts/check_profiles_with_vllm.py [--sparkstack .venv/bin/sparkstack]
 
@@ -165,7 +166,8 @@ def verdict(top: argparse.ArgumentParser, argv: list[str]) -> tuple[bool, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sparkstack", default=str(ROOT / ".venv" / "bin" / "sparkstack"))
+    ap.add_argument("--sparkstack", default=str(Path(sys.executable).parent / "sparkstack"),
+                    help="the kit's command (default: the one beside this python)")
     opts = ap.parse_args()
     top, _ = serve_parser()
     bad = 0

@@ -68,6 +68,19 @@ def test_ship_without_an_image_takes_the_chain_top_plan_names(tmp_path):
     assert f"error: image {image} is not on this host: run `sparkstack build` first" in result.output
 
 
+def test_ship_takes_the_profile_flag(tmp_path):
+    """`ship --profile NAME` with no --image ships NAME's serving image, not cluster.yaml's:
+    here a prebuilt one this host lacks, refused before any rank is reached (exit 1)."""
+    from test_check import sandbox_cluster
+
+    cfg = str(sandbox_cluster(tmp_path).path)  # names the sandbox profile
+    planned = cli("plan", "-c", cfg, "--offline", "--profile", "pollard-180k")
+    assert "image   pollard-vllm:local" in planned.output.splitlines(), planned.output
+    result = cli("ship", "-c", cfg, "--dry-run", "--profile", "pollard-180k")
+    assert result.exit_code == 1, result.output
+    assert "error: image pollard-vllm:local is not on this host" in result.output
+
+
 # --- on the sandbox -----------------------------------------------------------------------------
 
 def engine_on(sandbox, name: str, script: str, detach: bool = True) -> None:

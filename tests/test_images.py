@@ -248,6 +248,28 @@ def test_prebuilt_profile_has_nothing_to_build(write_config, patches):
     assert result.exit_code == 0 and result.output.strip() == '{\n  "stages": []\n}'
 
 
+def test_build_takes_the_profile_flag(write_config, patches, tmp_path):
+    """`build --profile NAME` builds NAME's chain, not cluster.yaml's: a prebuilt profile over a
+    chain one builds nothing; a chain profile over a prebuilt one renders the stages (and tags) a
+    config naming it renders."""
+    import json
+    chain = write_config(lambda d: d.update(images={"patches_dir": str(patches)}))  # keys-1m-dcp4
+    result = CliRunner().invoke(main, ["build", "-c", str(chain), "--json", "--profile", "keys35-200k"])
+    assert result.exit_code == 0 and json.loads(result.output) == {"stages": []}, result.output
+
+    prebuilt = write_config(lambda d: d.update(profile="keys35-200k", images={"patches_dir": str(patches)}),
+                            name="prebuilt.yaml")
+    tags = {}
+    for name, args in (("flag", ["-c", str(prebuilt), "--profile", "keys-1m-dcp4"]), ("named", ["-c", str(chain)])):
+        result = CliRunner().invoke(main, ["build", *args, "--render-only", str(tmp_path / name), "--json"])
+        assert result.exit_code == 0, result.output
+        tags[name] = [(s["name"], s["tag"]) for s in json.loads(result.output)["stages"]]
+    assert [n for n, _ in tags["flag"]] == FOUR and tags["flag"] == tags["named"]
+    for stage in FOUR:
+        assert ((tmp_path / "flag" / stage / "Dockerfile").read_text()
+                == (tmp_path / "named" / stage / "Dockerfile").read_text())
+
+
 # ---- --render-only and plan -----------------------------------------------------------------------
 
 def test_render_only_writes_contexts(write_config, patches, tmp_path):

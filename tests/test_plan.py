@@ -31,7 +31,8 @@ def test_plan_matches_golden(write_config, profile, monkeypatch, golden):
 
 def test_plan_json_shape(write_config):
     data = plan_json(write_config())
-    assert set(data) == {"ranks", "kv", "vllm_guard", "api", "assumed", "notes"}
+    assert set(data) == {"profile", "ranks", "kv", "vllm_guard", "api", "assumed", "notes"}
+    assert data["profile"] == {"name": "keys-1m-dcp4", "source": "config"}
     assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens"}
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert set(data["ranks"][0]) == {"rank", "host", "env", "docker_run", "engine"}
@@ -402,3 +403,51 @@ def test_host_nccl_is_mounted_and_preloaded(write_config):
         assert {k: rank["env"][k] for k in ("LD_PRELOAD", "VLLM_NCCL_SO_PATH", "NCCL_SWITCHLESS_RING_ONLY")} == \
             {"LD_PRELOAD": lib, "VLLM_NCCL_SO_PATH": lib, "NCCL_SWITCHLESS_RING_ONLY": "1"}
     assert not any("libnccl" in t for t in plan_json(write_config())["ranks"][0]["docker_run"])
+
+
+# ---- --profile: another profile than cluster.yaml's, the file untouched -------------------------
+
+def test_profile_flag_plans_that_profile(write_config):
+    """`plan --profile NAME` gives NAME's plan (engine flags, image, KV), as a cluster.yaml naming
+    NAME would, and says it came from the flag; the config file is not changed."""
+    path = write_config()  # names keys-1m-dcp4
+    text = path.read_text()
+    flagged = plan_json(path, "--profile", "pollard-180k")
+    named = plan_json(write_config(lambda d: d.update(profile="pollard-180k"), name="pollard.yaml"))
+    assert flagged.pop("profile") == {"name": "pollard-180k", "source": "--profile"}
+    assert named.pop("profile") == {"name": "pollard-180k", "source": "config"}
+    assert flagged == named
+    assert "--attention-backend CUSTOM" in shlex.join(flagged["ranks"][0]["engine"])
+    assert path.read_text() == text
+    shown = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline", "--profile", "pollard-180k"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.startswith("profile pollard-180k (--profile): Pollard")
+
+
+@pytest.mark.parametrize("command", [["plan", "--offline"], ["build", "--render-only", "rendered"],
+                                     ["ship", "--dry-run"], ["up"]])
+@pytest.mark.parametrize("name, why", [("nope", "no {dir}/nope.yaml"),
+                                       ("../keys35-200k", "not a profile name")])
+def test_unknown_profile_flag_is_refused_listing_the_profiles(write_config, tmp_path, command, name, why):
+    """A --profile that names no profile is bad input (exit 2) before anything is read or
+    touched, worded as for cluster.yaml's own `profile:`, with the profiles there are."""
+    result = CliRunner().invoke(main, [command[0], "-c", str(write_config()), "--profile", name,
+                                       *command[1:]])
+    assert result.exit_code == 2, result.output
+    why = why.format(dir=ROOT / "env" / "profiles")
+    assert f"error: --profile: profile {name!r}: {why}" in result.output
+    assert f"(known profiles: {', '.join(profile_names())})" in result.output
+    assert not (tmp_path / "rendered").exists()
+
+
+def test_profile_flag_looks_in_the_configs_profiles_dir(write_config, tmp_path):
+    """With `profiles_dir:` in cluster.yaml, --profile names a profile there, and an unknown
+    name lists that directory's profiles."""
+    mine = tmp_path / "profiles"
+    mine.mkdir()
+    (mine / "mine.yaml").write_text((ROOT / "env" / "profiles" / "pollard-180k.yaml").read_text())
+    path = write_config(lambda d: d.update(profiles_dir=str(mine)))
+    assert plan_json(path, "--profile", "mine")["profile"] == {"name": "mine", "source": "--profile"}
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline", "--profile", "pollard-180k"])
+    assert result.exit_code == 2
+    assert f"no {mine}/pollard-180k.yaml (known profiles: mine)" in result.output

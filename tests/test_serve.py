@@ -90,6 +90,21 @@ def test_second_up_changes_nothing(sandbox, cfg, started):
     assert {r["state"] for r in after["ranks"]} == {"running"}
 
 
+def test_up_takes_the_profile_flag(sandbox, cfg, started, tmp_path):
+    """`up --profile NAME` deploys NAME, not the config's profile: a cluster.yaml naming another
+    profile, with --profile sandbox, finds the sandbox profile running as planned and changes nothing."""
+    data = yaml.safe_load(open(cfg))
+    data["profile"] = "pollard-180k"  # `up` with it would restart every rank as pollard-180k
+    other = tmp_path / "cluster.yaml"
+    other.write_text(yaml.safe_dump(data))
+    before = json.loads(cli("status", "-c", cfg, "--json").stdout)
+    again = cli("up", "-c", str(other), "--profile", "sandbox")
+    assert again.exit_code == 0, again.output
+    assert "already running as planned" in again.output and "serving sandbox at" in again.output
+    after = json.loads(cli("status", "-c", cfg, "--json").stdout)
+    assert [r["started_at"] for r in after["ranks"]] == [r["started_at"] for r in before["ranks"]]
+
+
 def test_logs_of_a_worker(cfg, started):
     result = cli("logs", "-c", cfg, "--rank", "2", "--tail", "20")
     assert result.exit_code == 0 and "headless worker rank 2 of 4" in result.output

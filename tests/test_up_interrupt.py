@@ -75,7 +75,7 @@ def test_stopped_is_said_only_when_every_rank_confirms_it(sandbox, group):
 def test_a_container_created_after_the_first_removal_is_removed_too(sandbox, group):
     """Ctrl+C while a rank's `docker run` is in flight: its daemon may create the container a
     moment after `stop` first removed it. Stopping after a cut-short start waits that out."""
-    from launcher import serve
+    from launcher.apply import serve
 
     late = (f"(sleep 1.5; docker run -d --name {serve.CONTAINER_NAME} --entrypoint sleep "
             f"{sandbox.images['vllm']} 600; touch /tmp/late-start.done) >/dev/null 2>&1 &")

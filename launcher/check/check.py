@@ -806,14 +806,3 @@ def plan_or_refuse(loaded: Loaded, group, image: str | None = None,
         raise CheckFailed("check failed; nothing was started:\n" + "\n".join(
             f"rank {r.rank} ({r.host}) {c.name}: {c.value} -- fix: {c.fix}" for r, c in failed))
     return plan_mod.build(loaded, facts=inp.facts)
-
-
-# --- rendering ---------------------------------------------------------------------------------
-
-def table_rows(report: Report) -> list[tuple[str, str, str, str, str]]:
-    """(rank, check, status, value, fix) lines for the terminal table."""
-    rows = []
-    for r in report.ranks:
-        for c in r.checks:
-            rows.append((f"{r.rank} {r.host}", c.name, c.status, c.value, c.fix))
-    return rows

@@ -20,6 +20,9 @@ config_option = click.option(
     "-c", "--config", "config_file", metavar="PATH",
     help="cluster config (default: $SPARKSTACK_CONFIG, else ./cluster.yaml)")
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+profile_option = click.option(
+    "--profile", "profile_name", metavar="NAME",
+    help="use this profile instead of the config's `profile:` (`sparkstack profiles` lists them)")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,8 +47,9 @@ def main():
               help="print the API key and secret-looking env values (*TOKEN*, *KEY*, ...) instead of ***")
 @click.option("--offline", is_flag=True,
               help="do not probe the ranks: plan from the config and the profile alone")
+@profile_option
 @friendly_errors
-def plan(config_file, as_json, show_secrets, offline):
+def plan(config_file, as_json, show_secrets, offline, profile_name):
     """Show what `up` would run on every rank, touching nothing.
 
     Per rank: the environment, the `docker run` argv, the engine argv (after `vllm serve`), and
@@ -57,13 +61,16 @@ def plan(config_file, as_json, show_secrets, offline):
     seed figures and a GB10's memory; they are listed under "assumed". The API key and every env
     value whose name looks secret (or is in overrides.secret_env) show as *** unless
     --show-secrets; `plan` reads the API key `up` generates but never makes it.
+    --profile NAME plans NAME instead of the config's profile (so do build, ship and up).
     """
-    loaded = config_mod.load(config_mod.config_path(config_file))
+    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     facts, note = ({}, None) if offline else _probe_for_plan(loaded)
     result = plan_mod.build(loaded, facts=facts)
     if note:
         result.assumed.append(note)
-    data = result.to_json(reveal_secrets=show_secrets)
+    source = "config" if profile_name is None else "--profile"
+    data = {"profile": {"name": loaded.profile.name, "source": source},
+            **result.to_json(reveal_secrets=show_secrets)}
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -71,7 +78,8 @@ def plan(config_file, as_json, show_secrets, offline):
 
 
 def _print_plan(loaded, result, data, show_secrets: bool) -> None:
-    out.print(f"[bold]profile[/] {loaded.profile.name}: {loaded.profile.description}")
+    source = " (--profile)" if data["profile"]["source"] == "--profile" else ""
+    out.print(f"[bold]profile[/] {loaded.profile.name}{source}: {loaded.profile.description}")
     out.print(f"[bold]image[/]   {result.image}")
     _print_api_key(result.api, show_secrets)
     for rank in data["ranks"]:
@@ -265,8 +273,9 @@ def _measure_with_progress(bench_mod, target, settings):
               help="build the chain on every rank's Docker over SSH instead (each rank needs the base)")
 @click.option("--trust-new-hosts", is_flag=True,
               help="with --on-ranks: accept and record host keys not yet in known_hosts")
+@profile_option
 @friendly_errors
-def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
+def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts, profile_name):
     """Build the profile's image chain (e.g. dcp → mul1 → v145 → keys) on the local Docker.
 
     \b
@@ -284,7 +293,7 @@ def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
     from ..images import build as build_mod
     from ..images import images as images_mod
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
+    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     base = images_mod.base_name(loaded)
     # every check before anything is built; the base's ID (a lookup) only when Docker has it
     chain = build_mod.local_chain(loaded)
@@ -388,8 +397,9 @@ class _BuildDisplay:
 @click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
 @click.option("--relay", is_flag=True,
               help="ranks pull from a cache on rank 0: the uplink carries each blob twice, not once per rank")
+@profile_option
 @friendly_errors
-def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
+def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay, profile_name):
     """Send every rank the images it lacks, and only those.
 
     \b
@@ -407,7 +417,7 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay):
     from ..transport import remote
     from ..images import ship as ship_mod
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
+    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     refs = refs or [build_mod.local_chain(loaded).top]
     ids = ship_mod.local_image_ids(list(refs))  # Docker's socket, without docker-py
     with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
@@ -479,8 +489,9 @@ trust_option = click.option("--trust-new-hosts", is_flag=True,
 @click.option("--restart", is_flag=True, help="start again even if already running as planned")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started")
+@profile_option
 @friendly_errors
-def up(config_file, trust_new_hosts, restart, wait_timeout):
+def up(config_file, trust_new_hosts, restart, wait_timeout, profile_name):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
 
@@ -493,7 +504,7 @@ def up(config_file, trust_new_hosts, restart, wait_timeout):
     """
     from ..apply import deploy
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
+    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     with deploy.group_for(loaded, trust_new_hosts, say) as group:
         report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)

@@ -62,9 +62,6 @@ class Limit:
     soft: int  # UNLIMITED (-1) or a number
     hard: int
 
-    def at_least(self, n: int) -> bool:
-        return all(v == UNLIMITED or v >= n for v in (self.soft, self.hard))
-
 
 @dataclass(frozen=True)
 class Ulimits:

@@ -283,10 +283,14 @@ def config_path(given: str | None) -> Path:
     return Path(given or os.environ.get("SPARKSTACK_CONFIG") or DEFAULT_CONFIG)
 
 
-def load(path: Path) -> Loaded:
-    """Read and cross-check the config and its profile; raises ConfigError listing every problem."""
+def load(path: Path, profile_name: str | None = None) -> Loaded:
+    """Read and cross-check the config and its profile; raises ConfigError listing every problem.
+    `profile_name` (`--profile`) replaces the config's `profile:`, and is checked as that is."""
     cluster: Cluster = load_yaml_model(path, Cluster, "cluster config")
-    profile = load_profile(cluster.profile, _profiles_dir(cluster, path), f"{path}: profile")
+    if profile_name is not None:
+        cluster = cluster.model_copy(update={"profile": profile_name})
+    named_in = "--profile" if profile_name is not None else f"{path}: profile"
+    profile = load_profile(cluster.profile, _profiles_dir(cluster, path), named_in)
     flags = _engine_flags(path, cluster, profile)
     _check_sizes(path, cluster, profile, flags)
     _check_parallelism(path, cluster, flags)

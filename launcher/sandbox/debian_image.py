@@ -487,10 +487,6 @@ def ensure_images(client, progress=print) -> dict[str, str]:
     return tags
 
 
-def all_repositories() -> list[str]:
-    return [RANK_FS.repository, STANDIN_FS.repository, "sparkstack-sandbox-rank", "sandbox-vllm"]
-
-
 def remove_cached_images(client) -> list[str]:
     """Remove every sandbox image (for a cold start); returns the tags removed."""
     removed = []
