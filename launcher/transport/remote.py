@@ -290,8 +290,7 @@ class Connection:
         token = f"sparkstack-stream-{secrets.token_hex(8)}"
         channel = self.client.get_transport().open_session(timeout=self.timeout)
         channel.set_combine_stderr(True)
-        # under `timeout 0` (no limit): a process group of its own, which _kill's TERM ends whole
-        channel.exec_command(f"timeout 0 sh -c {shlex.quote(command)} sh {token}")
+        channel.exec_command(_bounded(command, None, token))
         channel.shutdown_write()
         try:
             while not (channel.exit_status_ready() and not channel.recv_ready()):
@@ -434,10 +433,12 @@ class Cancelled(Exception):
     """Group.map was interrupted while this command was in flight."""
 
 
-def _bounded(command: str, timeout: float, token: str) -> str:
+def _bounded(command: str, timeout: float | None, token: str) -> str:
     """`command` as the rank runs it: under coreutils `timeout`, in a process group of its own,
-    so it ends even if our connection is gone; `token` (an argument the command ignores)
-    names its processes for `pkill -f`."""
+    so it ends even if our connection is gone (`timeout` None: no limit, `logs -f`); `token` (an
+    argument the command ignores) names its processes for `_kill`'s `pkill -f`."""
+    if timeout is None:
+        return f"timeout 0 sh -c {shlex.quote(command)} sh {token}"
     limit = math.ceil(timeout) + RANK_GRACE_S
     return f"timeout -k {KILL_AFTER_S} {limit} sh -c {shlex.quote(command)} sh {token}"
 
