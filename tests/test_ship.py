@@ -127,13 +127,20 @@ def test_a_rank_without_docker_fails_alone_and_reship_completes(sandbox, group, 
 
 
 def _restart_dockerd(client, container: str) -> None:
+    """Start the rank's engine as its init does, once the killed one has finished shutting down:
+    its API closes before its cleanup ends, and a second dockerd refuses a live pid file."""
     c = client.containers.get(container)
-    c.exec_run("sh -c '/usr/local/sbin/sandbox-dockerd &'", detach=True)  # as the rank's init does
-    for _ in range(100):
-        if c.exec_run("docker info").exit_code == 0:
-            return
+    deadline = time.monotonic() + 60
+    while c.exec_run("pgrep -x dockerd").exit_code == 0:
+        assert time.monotonic() < deadline, f"the killed dockerd in {container} still runs after 60 s"
         time.sleep(0.2)
-    raise AssertionError(f"dockerd did not come back in {container}")
+    c.exec_run("sh -c '/usr/local/sbin/sandbox-dockerd &'", detach=True)
+    deadline = time.monotonic() + 60
+    while c.exec_run("docker info").exit_code != 0:
+        if time.monotonic() > deadline:
+            log = c.exec_run("tail -n 20 /var/log/dockerd.log").output.decode(errors="replace")
+            raise AssertionError(f"dockerd did not come back in {container} in 60 s:\n{log}")
+        time.sleep(0.2)
 
 
 # --- faults mid-ship: the victim fails alone, named, untagged; a re-ship completes ------------

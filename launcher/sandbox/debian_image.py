@@ -210,14 +210,17 @@ os.execv("/usr/sbin/runc", ["runc", *args])
 # The rank's own Docker engine, its image store on the rank's own volume (/var/lib/docker); the
 # one way to start it (the rank's init, a test restarting it). overlay2 works here: the volume is
 # a plain ext4 directory and the kernel has overlayfs; if overlay2 cannot start (another kernel,
-# a volume on overlayfs), vfs (slow, always works). Every container it starts runs through
-# sandbox-runc: it sees this rank's meminfo and fabric fixtures, as a container on a real Spark
-# sees the host's /proc/meminfo and sysfs.
+# a volume on overlayfs), vfs (slow, always works) -- only then: an engine that was stopped or
+# crashed stays down, as a real one does, instead of coming back with an empty vfs store. Every
+# container it starts runs through sandbox-runc: it sees this rank's meminfo and fabric fixtures,
+# as a container on a real Spark sees the host's /proc/meminfo and sysfs.
 SANDBOX_DOCKERD = r"""#!/bin/sh
 RUNTIME="--add-runtime=sandbox-runc=/usr/local/sbin/sandbox-runc --default-runtime=sandbox-runc"
-dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>/var/log/dockerd.log 2>&1 \
-    || { echo "sandbox-dockerd: overlay2 failed, using vfs" >>/var/log/dockerd.log;
-         exec dockerd --storage-driver=vfs --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>/var/log/dockerd.log 2>&1; }
+LOG=/var/log/dockerd.log
+dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>$LOG 2>&1 && exit 0
+tail -n 5 $LOG | grep -q "error initializing graphdriver" || exit 1
+echo "sandbox-dockerd: overlay2 failed, using vfs" >>$LOG
+exec dockerd --storage-driver=vfs --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>$LOG 2>&1
 """
 
 SSHD_CONF = """# sparkstack sandbox rank
