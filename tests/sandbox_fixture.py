@@ -5,8 +5,8 @@ Import it into tests/conftest.py (`from tests.sandbox_fixture import sandbox  # 
 
 - It uses the sandbox state dir the CLI uses ($SPARKSTACK_SANDBOX_DIR, else
   ~/.local/state/sparkstack/sandbox), so a sandbox a developer already has up is adopted in
-  ~2 s and left up afterwards; one the session had to create is taken down at the end unless
-  SPARKSTACK_SANDBOX_KEEP=1.
+  ~2 s (whatever it still serves stopped first with `sparkstack down`) and left up afterwards;
+  one the session had to create is taken down at the end unless SPARKSTACK_SANDBOX_KEEP=1.
 - SPARKSTACK_NO_SANDBOX=1 skips the tests that need it (a machine without Docker); otherwise a
   sandbox that cannot come up FAILS those tests with the sandbox's own message and fix.
 """
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,7 +99,19 @@ def sandbox():
                            known_hosts=p["known_hosts"], key=p["key"], ranks=result["ranks"],
                            truth=json.loads(p["truth"].read_text()), images=result["images"],
                            up_result=result)
+    if was_up:
+        _stop_serving(p["config"])
     yield handle
     handle.close()
     if not was_up and os.environ.get("SPARKSTACK_SANDBOX_KEEP") != "1":
         cluster.down(state_dir)
+
+
+def _stop_serving(config: Path) -> None:
+    """An adopted sandbox may still serve what a developer (or the demo) left up; the tests
+    expect no serving container, so `sparkstack down` first, as a user would."""
+    down = subprocess.run([sys.executable, "-c", "from launcher.cli.commands import main; main()",
+                           "down", "-c", str(config)], capture_output=True, text=True, timeout=300)
+    if down.returncode != 0:
+        pytest.fail(f"`sparkstack down` on the adopted sandbox failed:\n{down.stdout}{down.stderr}",
+                    pytrace=False)
