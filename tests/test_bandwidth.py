@@ -29,7 +29,8 @@ from launcher.check import bandwidth, check
 from launcher.inputs import config
 from launcher.facts import facts
 from launcher.plan import plan
-from launcher.check.bandwidth import FAIL, PASS, WARN, Outcome, outcome
+from launcher.status import Status
+from launcher.check.bandwidth import Outcome, outcome
 from launcher.cli.commands import main
 
 IMAGE = "sparkstack/keys:0123456789abcdef"
@@ -287,7 +288,7 @@ def test_pass_at_the_expected_figure_warn_below():
     floor = bandwidth.EXPECTED_BUSBW_GBPS * bandwidth.TOLERANCE
     found = judge([measured(0, busbw=21.4), measured(1, busbw=floor), measured(2, busbw=floor - 0.1),
                    measured(3, busbw=6.1)])
-    assert [found[r].status for r in range(4)] == [PASS, PASS, WARN, WARN]
+    assert [found[r].status for r in range(4)] == [Status.PASS, Status.PASS, Status.WARN, Status.WARN]
     assert found[0].value == ("busbw 21.4 GB/s (algbw 14.3), 256 MiB bfloat16 all-reduce x20 over 4 ranks, "
                               f"NCCL 2.28.9; expected >= {floor:.1f} GB/s (20 x 0.75)")
     assert found[0].fix == ""
@@ -298,14 +299,14 @@ def test_wrong_sum_fails():
     bad = json.loads(RUN_A_0)
     bad.update(world=4, rank=1, correct=False, stage="verify", error="all-reduce sum wrong in 12 of 134217728 elements")
     found = judge([measured(0), outcome(1, 3, json.dumps(bad)), measured(2), measured(3)])
-    assert found[1].status == FAIL and found[1].value.startswith("wrong result: all-reduce sum wrong in 12")
-    assert found[0].status == PASS
+    assert found[1].status == Status.FAIL and found[1].value.startswith("wrong result: all-reduce sum wrong in 12")
+    assert found[0].status == Status.PASS
 
 
 def test_a_rank_without_torch_makes_every_row_not_measured():
     waiting = outcome(0, 3, json.dumps(dict(json.loads(DEADLINE), world=4)))
     found = judge([waiting, outcome(1, 137, "", ""), outcome(2, 3, NO_TORCH), outcome(3, 137, "", "")])
-    assert {f.status for f in found.values()} == {WARN}
+    assert {f.status for f in found.values()} == {Status.WARN}
     assert found[2].value.startswith(f"not measured: {IMAGE} has no torch (no usable torch")
     for r in (0, 1, 3):
         assert found[r].value.startswith(f"not measured: rank 2 could not take part: {IMAGE} has no torch"), found[r]
@@ -314,18 +315,18 @@ def test_a_rank_without_torch_makes_every_row_not_measured():
 
 def test_failures_of_the_measurement_fail_with_their_fix():
     alone = judge([outcome(0, 0, RUN_A_0), outcome(1, 3, RENDEZVOUS)])
-    assert alone[1].status == FAIL and alone[1].value.startswith("rendezvous failed: tcp://127.0.0.1:29599")
+    assert alone[1].status == Status.FAIL and alone[1].value.startswith("rendezvous failed: tcp://127.0.0.1:29599")
     assert "tcp://172.31.240.11:29517" in alone[1].fix
     nccl = json.dumps(dict(json.loads(RENDEZVOUS), stage="nccl_init", error="DistBackendError: NCCL error in: "
                            "remote process exited or there was a network error"))
     found = judge([outcome(0, 3, DEADLINE), outcome(1, 3, nccl)])
-    assert found[1].status == FAIL and found[1].value.startswith("NCCL failed in nccl_init: DistBackendError")
+    assert found[1].status == Status.FAIL and found[1].value.startswith("NCCL failed in nccl_init: DistBackendError")
     assert "NCCL_IB_HCA" in found[1].fix
-    assert found[0].status == FAIL and found[0].value.startswith("not measured: rank 1 could not take part: NCCL")
+    assert found[0].status == Status.FAIL and found[0].value.startswith("not measured: rank 1 could not take part: NCCL")
     no_gpu = json.dumps(dict(json.loads(NO_TORCH), stage="cuda", error="torch 2.9.0 sees no CUDA device"))
     assert judge([outcome(0, 3, no_gpu)])[0].value.startswith("no GPU for the probe")
     lost = judge([outcome(0, None, "", "", "rank 0 (spark1): connection lost")])
-    assert lost[0].status == FAIL and "connection lost" in lost[0].value
+    assert lost[0].status == Status.FAIL and "connection lost" in lost[0].value
 
 
 def test_notes_on_ranks_without_fabric_env_are_shown():
@@ -346,7 +347,7 @@ def test_preconditions(ring):
                                                                 (image,) if r != 3 else ()))
                   for r, f in ring.facts.items()}
     missing = bandwidth.preconditions(loaded, IMAGE, with_image, None)
-    assert missing[0] == bandwidth.Finding(0, WARN, f"not measured: {IMAGE} missing on rank 3", "sparkstack ship")
+    assert missing[0] == bandwidth.Finding(0, Status.WARN, f"not measured: {IMAGE} missing on rank 3", "sparkstack ship")
     with_image[3] = with_image[0]
     assert bandwidth.preconditions(loaded, IMAGE, with_image, None) is None
 
@@ -392,13 +393,13 @@ def test_check_bandwidth_on_the_sandbox_is_not_measured_without_torch(sandbox):
         rows = [n for n in check.ORDER if n != "api key" or r.rank == 0]  # rank 0 serves the API
         assert [c.name for c in r.checks] == [*rows, "bandwidth"]
         row = r.checks[-1]
-        assert row.status == WARN and row.value.startswith(f"not measured: {sandbox.images['vllm']} has no torch"), row
+        assert row.status == Status.WARN and row.value.startswith(f"not measured: {sandbox.images['vllm']} has no torch"), row
         assert "sparkstack build && sparkstack ship" in row.fix
     assert report.ok  # a WARN: `up` is not refused for want of a measurement
     # the CLI: the option, and the row in --json whatever the profile's image is on the ranks
     result = CliRunner().invoke(main, ["check", "-c", str(sandbox.config), "--json", "--bandwidth"])
     rows = [next(c for c in r["checks"] if c["name"] == "bandwidth") for r in json.loads(result.output)["ranks"]]
-    assert len(rows) == 4 and all(c["status"] == WARN and c["value"].startswith("not measured: ") for c in rows), rows
+    assert len(rows) == 4 and all(c["status"] == Status.WARN and c["value"].startswith("not measured: ") for c in rows), rows
     # no leftover probe container on any rank
     for name in sandbox.names:
         assert sandbox.run(name, "docker ps -aq --filter name=sparkstack-bandwidth")[1].strip() == ""

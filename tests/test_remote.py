@@ -49,6 +49,21 @@ def test_one_failing_rank_does_not_hide_the_others(group):
         out.raise_for_failures("probe")
 
 
+def test_gather_keeps_every_ranks_answer_when_one_raises(group, sandbox):
+    """A rank whose action raises keeps its exception; the others' answers are all there."""
+    def action(conn):
+        name = conn.run("hostname").stdout.strip()
+        if name == "spark2":
+            raise remote.RemoteError(f"{conn.target.name}: refused")
+        return name
+
+    outcomes = group.gather(action)
+    assert [o.value for o in outcomes] == [n if n != "spark2" else None for n in sandbox.names]
+    assert [o.why() for o in outcomes if not o.ok] == ["rank 1 (spark2): refused"]
+    with pytest.raises(remote.RemoteError, match="refused"):
+        group.map(action)
+
+
 def test_timeout_names_the_command(group):
     r = group.connections[1].run("sleep 5", timeout=1)
     assert not r.ok and "did not finish within 1 s" in r.error

@@ -21,6 +21,7 @@ from ..images import build, ship
 from ..inputs import apikey
 from ..inputs.config import Loaded
 from ..plan import plan as plan_mod
+from ..status import Status
 from ..transport import api
 from ..transport.remote import Group
 
@@ -115,7 +116,7 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
     if shipment.needed:
         ship.apply(shipment, group, say=say)
         report.steps.append("shipped " + image)
-    failed = [r for r in shipment.ranks if r.status == "failed"]
+    failed = [r for r in shipment.ranks if r.status == Status.FAILED]
     if failed:
         raise SparkstackError("cannot put the image on every rank, nothing was started:\n"
                               + "\n".join(r.error or f"rank {r.rank}: failed" for r in failed))

@@ -176,8 +176,11 @@ def _record(prep: RankPrep, steps: list[Step], stdout: str) -> None:
 
 
 def apply(group: Group, preps: dict[int, RankPrep]) -> dict[int, RankPrep]:
+    """Every rank's steps at once; a rank whose apply raised keeps that as its error."""
     live = [c for c in group.connections if c.target.rank in preps]
-    Group(live).map(lambda c: apply_rank(c, preps[c.target.rank]))
+    for o in Group(live).gather(lambda c: apply_rank(c, preps[c.target.rank])):
+        if not o.ok:
+            preps[o.rank].error = o.why()
     return preps
 
 
@@ -187,12 +190,12 @@ def read_mem_available(group: Group, ranks: list[int]) -> dict[int, int | str]:
     """MemAvailable in bytes per rank, or the error that kept it from being read."""
     conns = [c for c in group.connections if c.target.rank in ranks]
 
-    def one(c: Connection):
+    def one(c: Connection) -> int | str:
         res = c.run("cat /proc/meminfo", timeout=10)
         m = _MEMAVAILABLE.search(res.stdout) if res.ok else None
-        return c.target.rank, int(m[1]) * 1024 if m else res.why()
+        return int(m[1]) * 1024 if m else res.why()
 
-    return dict(Group(conns).map(one))
+    return {o.rank: o.value if o.ok else o.why() for o in Group(conns).gather(one)}
 
 
 def wait_for_memory(group: Group, ranks: list[int], need: int, *, timeout: float = WAIT_TIMEOUT_S,

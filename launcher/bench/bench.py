@@ -28,6 +28,7 @@ from typing import Callable
 import httpx
 
 from ..errors import SparkstackError
+from ..status import Status
 
 DEFAULT_TASKS = ("prose", "code", "list", "essay")
 DEFAULT_CONCURRENCY = (1, 2, 4, 8)
@@ -327,7 +328,7 @@ class Results:
     model: str | None = None  # the served name actually benched
     cells: list[Cell] = field(default_factory=list)
     needles: list[Needle] = field(default_factory=list)
-    status: str = "running"  # complete | interrupted | failed
+    status: Status = Status.RUNNING  # then COMPLETE, INTERRUPTED or FAILED
     error: str | None = None
 
     @property
@@ -335,7 +336,7 @@ class Results:
         """The server answered (its model list): from here on, results are worth keeping."""
         return self.model is not None
 
-    def finish(self, status: str, error: str | None = None) -> None:
+    def finish(self, status: Status, error: str | None = None) -> None:
         self.status, self.error, self.finished_at = status, error, _now()
 
     def task_accepted_per_step(self, task: str) -> float | None:
@@ -743,12 +744,12 @@ def measure(target: Target, settings: Settings, report: Report = lambda what, n:
     try:
         asyncio.run(_run(target, settings, results, report))
     except KeyboardInterrupt:
-        results.finish("interrupted", "stopped by Ctrl+C")
+        results.finish(Status.INTERRUPTED, "stopped by Ctrl+C")
         return results
     except BenchError as e:
         if not results.started:
             raise
-        results.finish("failed", e.message)
+        results.finish(Status.FAILED, e.message)
         return results
-    results.finish("complete")
+    results.finish(Status.COMPLETE)
     return results

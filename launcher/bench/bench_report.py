@@ -14,6 +14,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
+from ..status import Status
 from .bench import Results, size_label
 
 
@@ -80,9 +81,9 @@ def print_results(console, results: Results) -> None:
         console.print(f"[yellow]note:[/] {note}")
     kept = "the results above are what completed" if results.cells or results.needles else \
         "nothing had completed"
-    if results.status == "interrupted":
+    if results.status == Status.INTERRUPTED:
         console.print(f"[yellow]stopped by Ctrl+C:[/] {kept}")
-    elif results.status == "failed":
+    elif results.status == Status.FAILED:
         console.print(f"[yellow]the run failed:[/] {kept}")
 
 
@@ -128,7 +129,7 @@ def write_png(results: Results, out_dir: Path) -> Path | None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", ncols=2)
     ax.set_title(f"{results.model or results.target.model} · {results.started_at}"
-                 + ("" if results.status == "complete" else f" · {results.status}"), fontsize=10)
+                 + ("" if results.status == Status.COMPLETE else f" · {results.status}"), fontsize=10)
     fig.tight_layout()
     path = out_dir / f"{stem(results)}.png"
     fig.savefig(path, format="png")

@@ -35,8 +35,7 @@ from .. import onrank
 from ..facts.facts import Facts
 from ..inputs.config import Loaded
 from ..plan import plan as plan_mod
-
-PASS, WARN, FAIL = "pass", "warn", "fail"  # as launcher/check/check.py
+from ..status import Status
 
 # The bus bandwidth (nccl-tests' busbw, GB/s = 1e9 B/s) a healthy 4-Spark fabric should show for
 # a 256 MiB all-reduce. AN ESTIMATE, NOT A MEASUREMENT: the seeds (/work/shared/seeds/*.txt)
@@ -184,7 +183,7 @@ def outcome(rank: int, exit_status: int | None, stdout: str, stderr: str = "",
 @dataclass(frozen=True)
 class Finding:
     rank: int
-    status: str
+    status: Status
     value: str
     fix: str = ""
 
@@ -194,30 +193,30 @@ def _size(n: int) -> str:
         f"{n >> 20} MiB" if n % (1 << 20) == 0 else f"{n} B"
 
 
-def _own(o: Outcome, image: str, master: str, port: int) -> tuple[str, str, str]:
+def _own(o: Outcome, image: str, master: str, port: int) -> tuple[Status, str, str]:
     """(status, value, fix) for a rank that did not measure, in its own words."""
     r = o.result or {}
     why = r.get("error") or o.problem or "no result"
     if o.kind == "no_torch":
-        return WARN, f"not measured: {image} has no torch ({why})", NO_TORCH_FIX
+        return Status.WARN, f"not measured: {image} has no torch ({why})", NO_TORCH_FIX
     if o.kind == "no_python":
-        return WARN, f"not measured: no python3 in {image} ({why})", NO_TORCH_FIX
+        return Status.WARN, f"not measured: no python3 in {image} ({why})", NO_TORCH_FIX
     if o.kind == "no_image":
-        return WARN, f"not measured: {image} missing ({why})", "sparkstack ship"
+        return Status.WARN, f"not measured: {image} missing ({why})", "sparkstack ship"
     stage = r.get("stage")
     if stage == "rendezvous":
-        return FAIL, f"rendezvous failed: {why}", (f"every rank must reach tcp://{master}:{port} (rank 0's "
-                                                   "rendezvous address; cluster.yaml `rendezvous` picks "
-                                                   "another) and the port must be free on rank 0")
+        return Status.FAIL, f"rendezvous failed: {why}", (f"every rank must reach tcp://{master}:{port} (rank 0's "
+                                                          "rendezvous address; cluster.yaml `rendezvous` picks "
+                                                          "another) and the port must be free on rank 0")
     if stage == "cuda":
-        return FAIL, f"no GPU for the probe: {why}", ("the container needs the GPU: container.gpus in "
-                                                      "cluster.yaml and the NVIDIA container toolkit")
+        return Status.FAIL, f"no GPU for the probe: {why}", ("the container needs the GPU: container.gpus in "
+                                                             "cluster.yaml and the NVIDIA container toolkit")
     if stage == "verify":
-        return FAIL, f"wrong result: {why}", ("data arrived corrupted: check the link/roce rows and the "
-                                              "NICs' firmware; " + NCCL_FIX)
+        return Status.FAIL, f"wrong result: {why}", ("data arrived corrupted: check the link/roce rows and the "
+                                                     "NICs' firmware; " + NCCL_FIX)
     if stage in ("nccl_init", "allreduce"):
-        return FAIL, f"NCCL failed in {stage}: {why}", NCCL_FIX
-    return FAIL, f"failed: {why}", "re-run check --bandwidth; " + NCCL_FIX
+        return Status.FAIL, f"NCCL failed in {stage}: {why}", NCCL_FIX
+    return Status.FAIL, f"failed: {why}", "re-run check --bandwidth; " + NCCL_FIX
 
 
 def judge(outcomes: dict[int, Outcome], *, image: str, master: str, port: int = PORT,
@@ -239,11 +238,11 @@ def judge(outcomes: dict[int, Outcome], *, image: str, master: str, port: int = 
                      f"NCCL {m.get('nccl_version')}; expected >= {floor:.1f} GB/s "
                      f"({expected:g} x {tolerance:g}){extra}")
             if m.get("correct") is not True:  # the script reports a wrong sum as an error
-                found[r] = Finding(r, FAIL, "sum not verified: " + shown, NCCL_FIX)
+                found[r] = Finding(r, Status.FAIL, "sum not verified: " + shown, NCCL_FIX)
             elif busbw >= floor:
-                found[r] = Finding(r, PASS, shown)
+                found[r] = Finding(r, Status.PASS, shown)
             else:
-                found[r] = Finding(r, WARN, shown.replace("; expected >=", "; below the expected"), SLOW_FIX)
+                found[r] = Finding(r, Status.WARN, shown.replace("; expected >=", "; below the expected"), SLOW_FIX)
             continue
         if o.kind == "waiting" and any(c.rank != r for c in causes):
             cause = next(c for c in causes if c.rank != r)
@@ -257,7 +256,7 @@ def judge(outcomes: dict[int, Outcome], *, image: str, master: str, port: int = 
 
 
 def not_measured(ranks, why: str, fix: str) -> dict[int, Finding]:
-    return {r: Finding(r, WARN, f"not measured: {why}", fix) for r in ranks}
+    return {r: Finding(r, Status.WARN, f"not measured: {why}", fix) for r in ranks}
 
 
 def preconditions(loaded: Loaded, image: str | None, facts: dict[int, Facts],

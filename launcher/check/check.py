@@ -35,9 +35,9 @@ from ..inputs.config import Loaded
 from ..onrank.probe import NOT_ANSWERING
 from ..plan.kv import GIB, gib
 from ..plan.plan import MemoryNeed, Plan, memory_guard, rank_memory
+from ..status import Status
 from ..transport.gather import RankFacts
 
-PASS, WARN, FAIL = "pass", "warn", "fail"
 ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "ulimits", "link",
          "roce", "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock", "api key")
 OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
@@ -55,7 +55,7 @@ _ROCE_FINDINGS = ("rdma", "roce gid", "twin", "gid index", "ring ports")
 @dataclass(frozen=True)
 class Row:
     name: str
-    status: str
+    status: Status
     value: str
     fix: str = ""
 
@@ -66,8 +66,8 @@ class RankReport:
     host: str
     checks: list[Row] = field(default_factory=list)
 
-    def add(self, name: str, status: str, value: str, fix: str = "") -> None:
-        self.checks.append(Row(name, status, value, fix if status != PASS else ""))
+    def add(self, name: str, status: Status, value: str, fix: str = "") -> None:
+        self.checks.append(Row(name, status, value, fix if status != Status.PASS else ""))
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not any(c.status == FAIL for r in self.ranks for c in r.checks)
+        return not any(c.status == Status.FAIL for r in self.ranks for c in r.checks)
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "ranks": [{"rank": r.rank, "host": r.host,
@@ -255,11 +255,11 @@ def evaluate(inp: Inputs) -> Report:
         rr = RankReport(r, rank.label)
         report.ranks.append(rr)
         if g is None or g.facts is None:
-            rr.add("ssh", FAIL, (g.error if g else "not probed") or "no answer",
+            rr.add("ssh", Status.FAIL, (g.error if g else "not probed") or "no answer",
                    f"check the rank is up and `ssh -p {rank.port} {rank.user}@{rank.address}` works")
             continue
         f = g.facts
-        rr.add("ssh", PASS, f"{rank.user}@{rank.address}:{rank.port}, probe {g.seconds:.2f} s")
+        rr.add("ssh", Status.PASS, f"{rank.user}@{rank.address}:{rank.port}, probe {g.seconds:.2f} s")
         for name in ORDER[1:]:
             CHECKS[name](inp, r, f, rr)
     return report
@@ -268,31 +268,31 @@ def evaluate(inp: Inputs) -> Report:
 def _check_docker(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     d = f.docker
     if d is None:
-        rr.add("docker", FAIL, "docker CLI not installed", "install Docker (DGX OS ships it): apt install docker.io")
+        rr.add("docker", Status.FAIL, "docker CLI not installed", "install Docker (DGX OS ships it): apt install docker.io")
     elif d.server_version is None:
         why = next((p for p in f.problems if p.startswith("docker")), "the daemon does not answer")
-        rr.add("docker", FAIL, why, "sudo systemctl start docker; and the SSH user must be in the docker group")
+        rr.add("docker", Status.FAIL, why, "sudo systemctl start docker; and the SSH user must be in the docker group")
     else:
-        rr.add("docker", PASS, f"server {d.server_version}, {len(d.images)} images")
+        rr.add("docker", Status.PASS, f"server {d.server_version}, {len(d.images)} images")
 
 
 def _check_image(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     if inp.image is None:
-        rr.add("image", FAIL, f"the profile's image is not known: {inp.image_error}", "sparkstack build")
+        rr.add("image", Status.FAIL, f"the profile's image is not known: {inp.image_error}", "sparkstack build")
         return
     if f.docker is None or f.docker.server_version is None:
-        rr.add("image", FAIL, f"{inp.image}: cannot ask (no Docker)", "fix the docker row first")
+        rr.add("image", Status.FAIL, f"{inp.image}: cannot ask (no Docker)", "fix the docker row first")
         return
     found = f.docker.image(inp.image)
     if found is None:
-        rr.add("image", FAIL, f"{inp.image} missing on rank {r} ({rr.host})", "sparkstack ship")
+        rr.add("image", Status.FAIL, f"{inp.image} missing on rank {r} ({rr.host})", "sparkstack ship")
         return
     want, whose = _reference_id(inp)
     if want and found.id != want:
-        rr.add("image", FAIL, f"{inp.image} is {_short(found.id)} here, {_short(want)} on {whose}",
+        rr.add("image", Status.FAIL, f"{inp.image} is {_short(found.id)} here, {_short(want)} on {whose}",
                "sparkstack ship (a rank is re-tagged only once its image ID matches)")
         return
-    rr.add("image", PASS, f"{inp.image} {_short(found.id)}")
+    rr.add("image", Status.PASS, f"{inp.image} {_short(found.id)}")
 
 
 def _reference_id(inp: Inputs) -> tuple[str | None, str]:
@@ -310,39 +310,39 @@ def _short(image_id: str) -> str:
 def _check_gpu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     if not inp.loaded.cluster.container.gpus:
         shown = f"; nvidia-smi shows {f.gpu.name}" if f.gpu else ""
-        rr.add("gpu", PASS, f"not required by config (container.gpus: null){shown}")
+        rr.add("gpu", Status.PASS, f"not required by config (container.gpus: null){shown}")
     elif f.gpu is None:
         why = next((p for p in f.problems if p.startswith("nvidia-smi")), "nvidia-smi lists no GPU")
-        rr.add("gpu", FAIL, why, "install the NVIDIA driver and container toolkit (DGX OS ships "
+        rr.add("gpu", Status.FAIL, why, "install the NVIDIA driver and container toolkit (DGX OS ships "
                "them); `nvidia-smi` must list the GB10")
     else:
-        rr.add("gpu", PASS, f"{f.gpu.name}, driver {f.gpu.driver}")
+        rr.add("gpu", Status.PASS, f"{f.gpu.name}, driver {f.gpu.driver}")
 
 
 def _check_memory(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     if f.memory is None:
-        rr.add("memory", FAIL, "/proc/meminfo unreadable", "check the rank's /proc")
+        rr.add("memory", Status.FAIL, "/proc/meminfo unreadable", "check the rank's /proc")
         return
     if inp.need is None:
-        rr.add("memory", FAIL, f"MemAvailable {gib(f.memory.available)}; the plan's need is "
+        rr.add("memory", Status.FAIL, f"MemAvailable {gib(f.memory.available)}; the plan's need is "
                f"unknown: {inp.need_error}", "fix the config or profile (see `sparkstack plan`)")
         return
     avail, need = f.memory.available, inp.need
     shown = f"MemAvailable {gib(avail)}, needs {gib(need.total)} = {need.explain()}"
     largest = max(x.memory.available for x in inp.facts.values() if x.memory)
     if avail < need.total:
-        rr.add("memory", FAIL, shown.replace(", needs", " < needs"),
+        rr.add("memory", Status.FAIL, shown.replace(", needs", " < needs"),
                "sparkstack prep (drops page caches); stop what else holds memory "
                "(`docker ps`, `ps aux --sort=-rss | head`); or lower --max-model-len / headroom_gib")
     elif f.memory.cached > PAGE_CACHE_WARN:
-        rr.add("memory", WARN, f"{shown}; {gib(f.memory.cached)} is page cache, which vLLM "
+        rr.add("memory", Status.WARN, f"{shown}; {gib(f.memory.cached)} is page cache, which vLLM "
                "counts as used", "sparkstack prep (drops page caches)")
     elif largest - avail > need.headroom:
-        rr.add("memory", WARN, f"{shown}; {gib(largest - avail)} less than the fullest rank: "
+        rr.add("memory", Status.WARN, f"{shown}; {gib(largest - avail)} less than the fullest rank: "
                "every rank's KV cache is sized to this one", "free memory on this rank "
                "(`ps aux --sort=-rss | head`), then sparkstack prep")
     else:
-        rr.add("memory", PASS, f"{shown}; margin {gib(avail - need.total)}")
+        rr.add("memory", Status.PASS, f"{shown}; margin {gib(avail - need.total)}")
 
 
 def _check_vllm_guard(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -350,53 +350,53 @@ def _check_vllm_guard(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     (launcher/inputs/vllm_guard.py); the fix names the utilisation every rank clears with the margin."""
     name, engine = "vllm guard", inp.loaded.profile.engine
     if engine != "vllm":
-        rr.add(name, PASS, f"not vLLM ({engine}): no startup memory guard")
+        rr.add(name, Status.PASS, f"not vLLM ({engine}): no startup memory guard")
         return
     if f.memory is None:
-        rr.add(name, FAIL, "/proc/meminfo unreadable", "check the rank's /proc")
+        rr.add(name, Status.FAIL, "/proc/meminfo unreadable", "check the rank's /proc")
         return
     try:
         guard = inp.guard()
     except SparkstackError as e:
-        rr.add(name, FAIL, e.message, "fix the config or profile (see `sparkstack plan`)")
+        rr.add(name, Status.FAIL, e.message, "fix the config or profile (see `sparkstack plan`)")
         return
     g = next(x for x in guard.ranks if x.rank == r)
     free_more = ("free memory on this rank: sparkstack prep (drops page caches), stop what else "
                  "holds memory (`ps aux --sort=-rss | head`)")
     if g.highest <= 0:
-        rr.add(name, FAIL, f"no --gpu-memory-utilization clears vLLM's guard: free {gib(g.free)} "
+        rr.add(name, Status.FAIL, f"no --gpu-memory-utilization clears vLLM's guard: free {gib(g.free)} "
                f"(MemAvailable {gib(g.mem_available)} − runtime {gib(g.runtime_overhead)}) of "
                f"MemTotal {gib(g.mem_total)}", free_more)
         return
     util, whose = guard.utilization, {"plan": "planned", "profile": "the profile's",
                                       "config": "cluster.yaml's"}[guard.source]
     if util is None:  # another rank clears nothing: its row fails
-        rr.add(name, PASS, f"clears up to {g.highest} with margin {g.margin}")
+        rr.add(name, Status.PASS, f"clears up to {g.highest} with margin {g.margin}")
         return
     shown = f"--gpu-memory-utilization {util} ({whose}): {g.explain()}"
     use = (f"set --gpu-memory-utilization {guard.highest} or less in cluster.yaml "
            "overrides.engine_args (or drop it: the plan picks one)")
     if g.refusal:
-        rr.add(name, FAIL, f"{shown}; vLLM refuses: ValueError: {g.refusal}",
+        rr.add(name, Status.FAIL, f"{shown}; vLLM refuses: ValueError: {g.refusal}",
                use if guard.highest > 0 else free_more)
     elif util > g.highest:
-        rr.add(name, WARN, f"{shown}; less than the margin {g.margin} to spare: MemAvailable "
+        rr.add(name, Status.WARN, f"{shown}; less than the margin {g.margin} to spare: MemAvailable "
                "moves before the worker measures", use)
     else:
-        rr.add(name, PASS, f"{shown}; clears up to {g.highest} with margin {g.margin}")
+        rr.add(name, Status.PASS, f"{shown}; clears up to {g.highest} with margin {g.margin}")
 
 
 def _check_swap(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     m = f.memory
     if m is None or m.swap_total == 0:
-        rr.add("swap", PASS, "none")
+        rr.add("swap", Status.PASS, "none")
         return
     used = m.swap_total - m.swap_free
     if used > SWAP_USED_WARN:
-        rr.add("swap", WARN, f"{gib(used)} of {gib(m.swap_total)} swapped out: memory was squeezed",
+        rr.add("swap", Status.WARN, f"{gib(used)} of {gib(m.swap_total)} swapped out: memory was squeezed",
                "find what pushed it out (`ps aux --sort=-rss`); `sudo swapoff -a && sudo swapon -a` empties it")
     else:
-        rr.add("swap", PASS, f"{gib(m.swap_total)}, {gib(used)} used")
+        rr.add("swap", Status.PASS, f"{gib(m.swap_total)}, {gib(used)} used")
 
 
 def _check_sysctls(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -404,9 +404,9 @@ def _check_sysctls(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     wrong = [f"{k}={f.sysctls.get(k) or 'absent'} (want {v})" for k, v in want.items()
              if f.sysctls.get(k) != str(v)]
     if wrong:
-        rr.add("sysctls", WARN, ", ".join(wrong), "sparkstack prep (and the Ansible role for after reboots)")
+        rr.add("sysctls", Status.WARN, ", ".join(wrong), "sparkstack prep (and the Ansible role for after reboots)")
     else:
-        rr.add("sysctls", PASS, ", ".join(f"{k}={v}" for k, v in want.items()))
+        rr.add("sysctls", Status.PASS, ", ".join(f"{k}={v}" for k, v in want.items()))
 
 
 def _limit(n: int, item: str) -> str:
@@ -431,18 +431,18 @@ def _check_ulimits(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     can_raise = extra.dockerd_can_raise if extra else None
     daemon = f.docker_ulimits.daemon
     if can_raise is None and daemon is None:
-        rr.add("ulimits", WARN, "dockerd's limits not readable", "is dockerd running? (`pgrep -a dockerd`)")
+        rr.add("ulimits", Status.WARN, "dockerd's limits not readable", "is dockerd running? (`pgrep -a dockerd`)")
         return
-    parts, status, fix = [], PASS, ""
+    parts, status, fix = [], Status.PASS, ""
     for item, asked, seed in (("nofile", c.nofile, SEED_NOFILE), ("memlock", c.memlock, UNLIMITED)):
         ceiling, how = _grantable(item, f, daemon, can_raise)
         parts.append(f"{item} asks {_limit(asked, item)}, grantable {_limit(ceiling, item)} ({how})")
         if _above(asked, ceiling):
-            status, fix = FAIL, (f"raise dockerd's {item} limit (LimitNOFILE=/LimitMEMLOCK=infinity in "
-                                 f"docker.service) or lower container.{item} in cluster.yaml")
-        elif status == PASS and (_above(seed, ceiling) or _above(seed, asked)):
-            status, fix = WARN, (f"the seeds use nofile {SEED_NOFILE} / memlock unlimited (NCCL at 4 "
-                                 "ranks, RDMA): set container.nofile/memlock to those and raise dockerd's limits (LimitNOFILE=/LimitMEMLOCK=infinity) to allow them")
+            status, fix = Status.FAIL, (f"raise dockerd's {item} limit (LimitNOFILE=/LimitMEMLOCK=infinity in "
+                                        f"docker.service) or lower container.{item} in cluster.yaml")
+        elif status == Status.PASS and (_above(seed, ceiling) or _above(seed, asked)):
+            status, fix = Status.WARN, (f"the seeds use nofile {SEED_NOFILE} / memlock unlimited (NCCL at 4 "
+                                        "ranks, RDMA): set container.nofile/memlock to those and raise dockerd's limits (LimitNOFILE=/LimitMEMLOCK=infinity) to allow them")
     rr.add("ulimits", status, "; ".join(parts), fix)
 
 
@@ -466,12 +466,12 @@ def _int(text) -> int | None:
 def _from_findings(rr: RankReport, name: str, findings, names: tuple[str, ...]) -> None:
     mine = [x for x in findings if x.name in names]
     if not mine:
-        rr.add(name, FAIL, "not assessed (no fabric port found)", "see the link row")
+        rr.add(name, Status.FAIL, "not assessed (no fabric port found)", "see the link row")
         return
-    worst = next((x for s in (FAIL, WARN) for x in mine if x.status == s), None)
-    shown = "; ".join(x.value for x in mine if x.status != PASS) if worst else \
+    worst = next((x for s in (Status.FAIL, Status.WARN) for x in mine if x.status == s), None)
+    shown = "; ".join(x.value for x in mine if x.status != Status.PASS) if worst else \
         "; ".join(x.value for x in mine)
-    rr.add(name, worst.status if worst else PASS, shown, worst.fix if worst else "")
+    rr.add(name, worst.status if worst else Status.PASS, shown, worst.fix if worst else "")
 
 
 def _check_link(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -486,17 +486,17 @@ def _check_mtu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     mtus = {p: _fabric_mtu(x, inp.fabric(p)) for p, x in inp.facts.items()}
     mine = mtus[r]
     if mine is None:
-        rr.add("mtu", FAIL, "no fabric port to read", "see the link row")
+        rr.add("mtu", Status.FAIL, "no fabric port to read", "see the link row")
         return
     common = Counter(m for m in mtus.values() if m is not None).most_common(1)[0][0]
     if len({m for m in mtus.values() if m is not None}) > 1 and mine != common:
-        rr.add("mtu", FAIL, f"MTU {mine}, other ranks {common}",
+        rr.add("mtu", Status.FAIL, f"MTU {mine}, other ranks {common}",
                f"set the same mtu ({fabric.JUMBO_MTU}) on every rank's fabric ports (netplan)")
     elif mine != fabric.JUMBO_MTU:
-        rr.add("mtu", WARN, f"MTU {mine} (same on all), expected {fabric.JUMBO_MTU}",
+        rr.add("mtu", Status.WARN, f"MTU {mine} (same on all), expected {fabric.JUMBO_MTU}",
                f"set mtu: {fabric.JUMBO_MTU} on every rank's fabric ports (netplan)")
     else:
-        rr.add("mtu", PASS, f"MTU {mine}, same on all ranks")
+        rr.add("mtu", Status.PASS, f"MTU {mine}, same on all ranks")
 
 
 def _check_peers(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -513,17 +513,17 @@ def _pings(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
     extra = inp.extras.get(r)
     ring = inp.loaded.cluster.topology == "ring"
     if df and inp.targets.get(r) and not targets:
-        rr.add(name, PASS, f"not measured: the fabric MTU is not {fabric.JUMBO_MTU}")
+        rr.add(name, Status.PASS, f"not measured: the fabric MTU is not {fabric.JUMBO_MTU}")
         return
     if not targets and not ring:  # a ring's links are judged from both ends: its neighbours' pings
-        rr.add(name, WARN if not df else PASS, "not measured: no peer fabric IPs",
+        rr.add(name, Status.WARN if not df else Status.PASS, "not measured: no peer fabric IPs",
                "list every rank's fabric_ips in cluster.yaml")
         return
     if extra is None or extra.error:
-        rr.add(name, FAIL, f"not measured: {extra.error if extra else 'no answer'}", "re-run check")
+        rr.add(name, Status.FAIL, f"not measured: {extra.error if extra else 'no answer'}", "re-run check")
         return
     if extra.ping_missing:
-        rr.add(name, WARN, "not measured: no `ping` on the rank", "apt install iputils-ping")
+        rr.add(name, Status.WARN, "not measured: no `ping` on the rank", "apt install iputils-ping")
         return
     if ring:
         _ring_links(inp, r, rr, df)
@@ -536,9 +536,9 @@ def _pings(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
     if bad:
         fix = ("a path in between fragments or drops jumbo frames: same MTU on both ends and the "
                "switch" if df else "check the cable/switch port and the peer's address (`ip addr`)")
-        rr.add(name, FAIL, f"{ok}; unreachable: " + "; ".join(bad), fix)
+        rr.add(name, Status.FAIL, f"{ok}; unreachable: " + "; ".join(bad), fix)
     else:
-        rr.add(name, PASS, f"{ok}: " + ", ".join(good))
+        rr.add(name, Status.PASS, f"{ok}: " + ", ".join(good))
 
 
 def _answer(inp: Inputs, r: int, t: PingTarget, df: bool) -> PingAnswer:
@@ -574,12 +574,12 @@ def _ring_links(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
         fix = ("a link drops 9000 B frames: mtu 9000 on both ends of its cable (netplan)" if df else
                "check the cable between the two ranks and both ends' addresses (`ip addr`); list the "
                "ranks in cable order (each rank cabled to the next, the last to the first)")
-        rr.add(name, FAIL, "TP needs every link of the ring: " + " | ".join(bad + unjudged), fix)
+        rr.add(name, Status.FAIL, "TP needs every link of the ring: " + " | ".join(bad + unjudged), fix)
     elif unjudged:
-        rr.add(name, WARN, f"links up: {', '.join(good) or 'none'}; not judged: " + ", ".join(unjudged),
+        rr.add(name, Status.WARN, f"links up: {', '.join(good) or 'none'}; not judged: " + ", ".join(unjudged),
                "see that rank's ssh row")
     else:
-        rr.add(name, PASS, "ring links answer both ways: " + ", ".join(good))
+        rr.add(name, Status.PASS, "ring links answer both ways: " + ", ".join(good))
 
 
 def _link_answers(inp: Inputs, a: int, b: int, df: bool) -> list[tuple[int, PingTarget, PingAnswer]]:
@@ -594,11 +594,11 @@ def _check_nccl(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     """The host NCCL build (nccl.host_lib): on every rank, and the same build everywhere."""
     lib = inp.loaded.cluster.nccl.host_lib
     if not lib:
-        rr.add("nccl", PASS, "the image's own (nccl.host_lib not set)")
+        rr.add("nccl", Status.PASS, "the image's own (nccl.host_lib not set)")
         return
     mine = f.nccl_lib
     if mine is None or not mine.present:
-        rr.add("nccl", FAIL, (mine.problem if mine else None) or f"{lib}: not looked for",
+        rr.add("nccl", Status.FAIL, (mine.problem if mine else None) or f"{lib}: not looked for",
                f"install the same NCCL build at {lib} on every rank, or remove nccl.host_lib from cluster.yaml")
         return
     builds = {p: _build(x.nccl_lib) for p, x in inp.facts.items() if x.nccl_lib and x.nccl_lib.present}
@@ -606,14 +606,14 @@ def _check_nccl(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     shown = f"{lib} ({mine.realpath}): {_build_text(builds[r])}"
     if builds[r] != common:
         same = ", ".join(str(p) for p, b in builds.items() if b == common)
-        rr.add("nccl", FAIL, f"{shown} on rank {r}, but {_build_text(common)} on ranks {same}",
+        rr.add("nccl", Status.FAIL, f"{shown} on rank {r}, but {_build_text(common)} on ranks {same}",
                f"install the same NCCL build at {lib} on every rank (ranks with different builds "
                "cannot form one communicator)")
     elif mine.problem or mine.version is None:
-        rr.add("nccl", WARN, f"{shown}; {mine.problem or 'no NCCL version string in the file'}",
+        rr.add("nccl", Status.WARN, f"{shown}; {mine.problem or 'no NCCL version string in the file'}",
                f"is it an NCCL library? `strings {lib} | grep 'NCCL version'`")
     else:
-        rr.add("nccl", PASS, shown + (", same on all ranks" if len(set(builds.values())) == 1 else ""))
+        rr.add("nccl", Status.PASS, shown + (", same on all ranks" if len(set(builds.values())) == 1 else ""))
 
 
 def _build(lib) -> tuple[str | None, int | None]:
@@ -631,19 +631,19 @@ def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     if c is None or not c.shards:
         why = next((p for p in f.problems if p.startswith("checkpoint")), f"no *.safetensors in {path}")
         if NOT_ANSWERING in why:
-            rr.add("checkpoint", FAIL, f"NFS server not answering: {why}", _nfs_fix(inp.loaded, f))
+            rr.add("checkpoint", Status.FAIL, f"NFS server not answering: {why}", _nfs_fix(inp.loaded, f))
             return
-        rr.add("checkpoint", FAIL, why, f"mount the checkpoint at {path} on every rank (sparkstack prep)")
+        rr.add("checkpoint", Status.FAIL, why, f"mount the checkpoint at {path} on every rank (sparkstack prep)")
         return
     prints = Counter(x.checkpoint.fingerprint for x in inp.facts.values() if x.checkpoint and x.checkpoint.shards)
     common = prints.most_common(1)[0][0]
     mount = f" on {f.model_mount.source} ({f.model_mount.fstype})" if f.model_mount else ""
     shown = f"{path}{mount}: {len(c.shards)} shards, {gib(c.total_bytes)}, fingerprint {c.fingerprint[:12]}"
     if len(prints) > 1 and c.fingerprint != common:
-        rr.add("checkpoint", FAIL, f"{shown}, other ranks {common[:12]}",
+        rr.add("checkpoint", Status.FAIL, f"{shown}, other ranks {common[:12]}",
                "every rank must see the same files: mount the one NFS export (a partial copy differs)")
     else:
-        rr.add("checkpoint", PASS, shown + (", same on all ranks" if len(prints) == 1 else ""))
+        rr.add("checkpoint", Status.PASS, shown + (", same on all ranks" if len(prints) == 1 else ""))
 
 
 def _nfs_fix(loaded: Loaded, f: Facts) -> str:
@@ -661,7 +661,7 @@ def _nfs_fix(loaded: Loaded, f: Facts) -> str:
 def _check_disk(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     d = f.docker
     if d is None or d.storage_avail is None:
-        rr.add("disk", WARN, "Docker's storage not readable", "fix the docker row first")
+        rr.add("disk", Status.WARN, "Docker's storage not readable", "fix the docker row first")
         return
     sizes = [img.size for x in inp.facts.values() if x.docker and inp.image
              for img in [x.docker.image(inp.image)] if img and img.size]
@@ -669,25 +669,25 @@ def _check_disk(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     need = (max(sizes) if sizes and missing else 0)
     shown = f"{d.root_dir}: {gib(d.storage_avail)} free" + (f", image needs up to {gib(need)}" if need else "")
     if d.storage_avail < need:
-        rr.add("disk", FAIL, shown, f"free space under {d.root_dir} (`docker image prune`)")
+        rr.add("disk", Status.FAIL, shown, f"free space under {d.root_dir} (`docker image prune`)")
     elif d.storage_avail < need + DISK_FLOOR:
-        rr.add("disk", WARN, shown, f"keep {gib(DISK_FLOOR)} free beyond the images (`docker image prune`)")
+        rr.add("disk", Status.WARN, shown, f"keep {gib(DISK_FLOOR)} free beyond the images (`docker image prune`)")
     else:
-        rr.add("disk", PASS, shown)
+        rr.add("disk", Status.PASS, shown)
 
 
 def _check_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     offsets = {p: x.clock.offset for p, x in inp.facts.items() if x.clock.offset is not None}
     if r not in offsets:
-        rr.add("clock", WARN, "not measured", "re-run check")
+        rr.add("clock", Status.WARN, "not measured", "re-run check")
         return
     median = statistics.median(offsets.values())
     delta, unc = offsets[r] - median, f.clock.uncertainty or 0.0
     shown = f"{delta:+.2f} s from the ranks' median (±{unc:.2f}; {offsets[r]:+.2f} s from this host)"
     if abs(delta) - unc > CLOCK_TOLERANCE_S:
-        rr.add("clock", FAIL, shown, "enable NTP on every rank: sudo timedatectl set-ntp true")
+        rr.add("clock", Status.FAIL, shown, "enable NTP on every rank: sudo timedatectl set-ntp true")
     else:
-        rr.add("clock", PASS, shown)
+        rr.add("clock", Status.PASS, shown)
 
 
 def _check_api_key(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -698,9 +698,9 @@ def _check_api_key(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     if key.warning:
         fix = ("remove overrides.open_api to serve with a generated key" if key.source == apikey.OPEN
                else "keep rank 0's API port on a private network, or put an authenticating proxy before it")
-        rr.add("api key", WARN, key.warning, fix)
+        rr.add("api key", Status.WARN, key.warning, fix)
     else:
-        rr.add("api key", PASS, "required: " + key.describe())
+        rr.add("api key", Status.PASS, "required: " + key.describe())
 
 
 CHECKS = {name: globals()[f"_check_{name.replace(' ', '_')}"] for name in ORDER[1:]}
@@ -711,7 +711,8 @@ CHECKS = {name: globals()[f"_check_{name.replace(' ', '_')}"] for name in ORDER[
 def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
     """Per rank, in parallel: the probe, then at once one more command that pings the peers'
     fabric IPs and reads dockerd's capabilities. The local part (the plan's memory need, the
-    image's tag and local ID) runs meanwhile. Never raises for a rank's failure."""
+    image's tag and local ID) runs meanwhile. Never raises for a rank's failure: a rank whose
+    part raised is reported like one that did not answer, the others as they answered."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..transport import gather
@@ -729,7 +730,7 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
 
     with ThreadPoolExecutor(max_workers=1) as local:
         here = local.submit(_local_inputs, loaded, image)
-        answers = group.map(rank)
+        answers = [o.value if o.ok else (gather.failed(o), [], None) for o in group.gather(rank)]
         inp = here.result()
     inp.gathered = {g.rank: g for g, _, _ in answers}
     facts = inp.facts
@@ -801,7 +802,7 @@ def plan_or_refuse(loaded: Loaded, group, image: str | None = None,
 
     inp = collect(loaded, group, image)
     report = evaluate(inp)
-    failed = [(r, c) for r in report.ranks for c in r.checks if c.status == FAIL and c.name not in tolerate]
+    failed = [(r, c) for r in report.ranks for c in r.checks if c.status == Status.FAIL and c.name not in tolerate]
     if failed:
         raise CheckFailed("check failed; nothing was started:\n" + "\n".join(
             f"rank {r.rank} ({r.host}) {c.name}: {c.value} -- fix: {c.fix}" for r, c in failed))

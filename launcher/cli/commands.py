@@ -14,6 +14,7 @@ from ..errors import SparkstackError
 from ..inputs import config as config_mod
 from ..inputs.profile import load_profile, profile_names
 from ..plan import plan as plan_mod
+from ..status import Status
 from .console import err, friendly_errors, out
 
 config_option = click.option(
@@ -232,9 +233,9 @@ def bench(config_file, as_json, url, api_key, model, tasks, concurrency, max_tok
         bench_report.print_results(out, results)
     for path in paths:
         err.print(f"wrote {path}")
-    if results.status == "failed":
+    if results.status == Status.FAILED:
         raise bench_mod.BenchError(results.error)
-    if results.status == "interrupted":
+    if results.status == Status.INTERRUPTED:
         sys.exit(130)
 
 
@@ -331,7 +332,7 @@ def _build_on_ranks(build_mod, loaded, chain, as_json: bool, trust_new_hosts: bo
             out.print(f"rank {r.rank} {r.host:<16} {r.status:<10} {built} of {len(chain.stages)} "
                       f"stages built ({r.seconds:.1f} s)" + (f"\n  {r.error}" if r.error else ""),
                       markup=False)
-    failed = [r for r in ranks if r.status == "failed"]
+    failed = [r for r in ranks if r.status == Status.FAILED]
     if failed:
         raise build_mod.BuildError(f"build failed on {len(failed)} of {len(ranks)} ranks "
                                    f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause "
@@ -432,10 +433,10 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay, profile_na
         for r in rows:
             what = ", ".join(r["images"]) or "nothing"
             line = f"rank {r['rank']} {r['host']:<16} {r['status']:<10} {what}"
-            if r["status"] == "shipped":
+            if r["status"] == Status.SHIPPED:
                 line += f" ({r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s)"
             out.print(line + (f"\n  {r['error']}" if r["error"] else ""), markup=False)
-    failed = [r for r in shipment.ranks if r.status == "failed"]
+    failed = [r for r in shipment.ranks if r.status == Status.FAILED]
     if failed:
         raise SparkstackError(f"ship failed on {len(failed)} of {len(rows)} ranks "
                               f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause above "
@@ -700,7 +701,7 @@ def check(config_file, as_json, verbose, trust_new_hosts, bandwidth):
     sys.exit(0 if report.ok else 1)
 
 
-_STATUS_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]WARN[/]", "fail": "[bold red]FAIL[/]"}
+_STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", Status.FAIL: "[bold red]FAIL[/]"}
 
 
 def _print_check(check_mod, report, verbose: bool) -> None:
@@ -718,7 +719,7 @@ def _print_check(check_mod, report, verbose: bool) -> None:
     out.print(table)
     for r in report.ranks:
         for c in r.checks:
-            if verbose or c.status != "pass":
+            if verbose or c.status != Status.PASS:
                 out.print(f"{_STATUS_STYLE[c.status]} rank {r.rank} {r.host} [bold]{c.name}[/]: ",
                           end="")
                 out.print(c.value, markup=False)

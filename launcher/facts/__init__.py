@@ -2,6 +2,6 @@
 rank's fabric derived from its own Facts, the checkpoint's shape and weight split from
 `config.json` and the safetensors headers.
 
-Pure parsers and derivations: no SSH, no Docker. May import `launcher.errors` and `launcher.onrank`
-(the probe's invocation) only.
+Pure parsers and derivations: no SSH, no Docker. May import `launcher.errors`, `launcher.status`
+(fabric's findings) and `launcher.onrank` (the probe's invocation) only.
 """

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, ip_address, ip_interface
 
 from ..errors import SparkstackError
+from ..status import Status
 from .facts import Facts, Gid, Interface, RdmaDevice, RdmaPort
 
 MIN_SPEED = 200000  # Mb/s, a 200G QSFP link as /sys/class/net/<if>/speed reports it
@@ -69,7 +70,7 @@ class FabricError(SparkstackError):
 @dataclass(frozen=True)
 class Finding:
     name: str
-    status: str  # "pass" | "warn" | "fail", as `check --json` reports them
+    status: Status  # as `check --json` reports it
     value: str
     fix: str = ""
 
@@ -113,7 +114,7 @@ class RankFabric:
 
     @property
     def failures(self) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if f.status == "fail")
+        return tuple(f for f in self.findings if f.status == Status.FAIL)
 
     def require(self) -> dict[str, str]:
         """The env, or FabricError naming the rank, each failure and its fix."""
@@ -167,7 +168,7 @@ class _Assessment:
         self.facts, self.rank = facts, rank
         self.findings: list[Finding] = []
 
-    def add(self, name: str, status: str, value: str, fix: str = "") -> None:
+    def add(self, name: str, status: Status, value: str, fix: str = "") -> None:
         self.findings.append(Finding(name, status, value, fix))
 
     def port_for_ip(self, ip: IPv4Address) -> FabricPort | None:
@@ -175,48 +176,48 @@ class _Assessment:
         iface = next((i for i in facts.interfaces
                       if any(ip_interface(a).ip == ip for a in i.ipv4)), None)
         if iface is None:
-            self.add("fabric ip", "fail", f"{ip} is on no interface of {self.rank}",
+            self.add("fabric ip", Status.FAIL, f"{ip} is on no interface of {self.rank}",
                      f"assign {ip} to the cabled ConnectX port (netplan), or correct fabric_ips in cluster.yaml")
             return None
-        self.add("fabric ip", "pass", f"{ip} on {iface.name}")
+        self.add("fabric ip", Status.PASS, f"{ip} on {iface.name}")
         return self.port_for_netdev(iface.name, ip, configured=True)
 
     def port_for_netdev(self, netdev: str, ip: IPv4Address, configured: bool) -> FabricPort | None:
         iface = self.facts.interface(netdev)
         if iface is None or iface.operstate != "up":
-            self.add("link", "fail", f"{netdev} is {iface.operstate if iface else 'absent'}",
+            self.add("link", Status.FAIL, f"{netdev} is {iface.operstate if iface else 'absent'}",
                      f"check the QSFP cable of {netdev}; `sudo ip link set {netdev} up`")
             return None
-        self.add("link", "pass", f"{netdev} up")
+        self.add("link", Status.PASS, f"{netdev} up")
         self.link_quality(netdev)
         if self.facts.rdma is None:
-            self.add("rdma", "fail", "no /sys/class/infiniband",
+            self.add("rdma", Status.FAIL, "no /sys/class/infiniband",
                      "load the RDMA drivers (mlx5_ib; rdma-core) -- DGX OS ships them")
             return None
         device = next((d for d in self.facts.rdma if netdev in d.netdevs), None)
         if device is None or not device.ports:
-            self.add("rdma", "fail", f"no RDMA device behind {netdev}",
+            self.add("rdma", Status.FAIL, f"no RDMA device behind {netdev}",
                      f"use a ConnectX port for the fabric IP; `rdma link` should list {netdev}")
             return None
         port = next((p for p in device.ports if any(g.ndev == netdev for g in p.gids)), device.ports[0])
         if port.link_layer != "Ethernet":
-            self.add("rdma", "fail", f"{device.name} port {port.number} link layer is {port.link_layer}, not Ethernet",
+            self.add("rdma", Status.FAIL, f"{device.name} port {port.number} link layer is {port.link_layer}, not Ethernet",
                      "set the ConnectX port to Ethernet (mlxconfig LINK_TYPE_P*=2) for RoCE")
             return None
         if port.state != "ACTIVE":
-            self.add("rdma", "fail", f"{device.name} port {port.number} is {port.state}",
+            self.add("rdma", Status.FAIL, f"{device.name} port {port.number} is {port.state}",
                      f"bring {netdev} up with its cable in; the RDMA port follows the link")
             return None
         gid = ipv4_roce_v2(port, ip, netdev)
         if gid is None:
-            self.add("roce gid", "fail",
+            self.add("roce gid", Status.FAIL,
                      f"no RoCE v2 GID for {ip} on {device.name} (table: {_gid_table(port)})",
                      f"the kernel adds it with the address: check `ip addr show {netdev}`, then re-run")
             return None
-        self.add("roce gid", "pass", f"{device.name} GID {gid.index} = ::ffff:{ip} (RoCE v2)")
+        self.add("roce gid", Status.PASS, f"{device.name} GID {gid.index} = ::ffff:{ip} (RoCE v2)")
         twins = twins_of(device, self.facts.rdma)
         if len(twins) < 2:
-            self.add("twin", "warn", f"no twin HCA found for {device.name}: one PCIe x4 link (~100G)",
+            self.add("twin", Status.WARN, f"no twin HCA found for {device.name}: one PCIe x4 link (~100G)",
                      "check that both functions of the QSFP port are up (`rdma link`)")
         else:
             twins = self.active_twins(device.name, twins)
@@ -232,11 +233,11 @@ class _Assessment:
             if name == hca:
                 keep.append(name)
             elif port is None or port.state != "ACTIVE":
-                self.add("twin", "warn", f"{name} (twin of {hca}) is {port.state if port else None}: "
+                self.add("twin", Status.WARN, f"{name} (twin of {hca}) is {port.state if port else None}: "
                          "left out, ~100G only", f"check the cable and `rdma link show {name}/1`")
             elif ipv4_roce_v2(port) is None:
                 netdev = d.netdevs[0] if d.netdevs else name
-                self.add("twin", "warn", f"{name} (twin of {hca}) has no IPv4 address, only link-local "
+                self.add("twin", Status.WARN, f"{name} (twin of {hca}) has no IPv4 address, only link-local "
                          "GIDs: left out of NCCL_IB_HCA (NCCL would run it on the link-local RoCE v1 "
                          "entry), ~100G on this port",
                          f"address {netdev} on a subnet of its own, on both ends of the cable (netplan; "
@@ -250,7 +251,7 @@ class _Assessment:
         NAT's address) the one the kit's SSH connection arrived at, then the default route's."""
         found = self._holding(_ipv4_or_none(address))
         if found:
-            self.add("sockets", "pass", f"sockets on {found.netdev} ({found.ip}): the management "
+            self.add("sockets", Status.PASS, f"sockets on {found.netdev} ({found.ip}): the management "
                      "network every rank reaches")
             return found
         why = ("no address given" if not address else f"{address} is a host name"
@@ -260,10 +261,10 @@ class _Assessment:
         for how, hit in fallbacks:
             if hit:
                 note = f"{why}: sockets on {hit.netdev} ({hit.ip}), {how}"
-                self.add("sockets", "warn", note, "write the rank's management IPv4 as its `address` in "
+                self.add("sockets", Status.WARN, note, "write the rank's management IPv4 as its `address` in "
                          "cluster.yaml (behind a NAT, reach it through `jump`)")
                 return Management(hit.netdev, hit.ip, note)
-        self.add("sockets", "fail", f"{why}, and no other address of the management network was found: "
+        self.add("sockets", Status.FAIL, f"{why}, and no other address of the management network was found: "
                  "the bootstrap and Gloo need one every rank reaches",
                  "write the rank's management IPv4 (its 10G port's) as its `address` in cluster.yaml")
         return None
@@ -280,15 +281,15 @@ class _Assessment:
     def link_quality(self, netdev: str) -> None:
         iface = self.facts.interface(netdev)
         if iface.speed is None or iface.speed < MIN_SPEED:
-            self.add("speed", "warn", f"{netdev} at {iface.speed or 'unknown'} Mb/s, expected {MIN_SPEED}",
+            self.add("speed", Status.WARN, f"{netdev} at {iface.speed or 'unknown'} Mb/s, expected {MIN_SPEED}",
                      "use a 200G QSFP112 cable/port; `ethtool` shows the negotiated speed")
         else:
-            self.add("speed", "pass", f"{netdev} at {iface.speed} Mb/s")
+            self.add("speed", Status.PASS, f"{netdev} at {iface.speed} Mb/s")
         if iface.mtu != JUMBO_MTU:
-            self.add("mtu", "warn", f"{netdev} MTU {iface.mtu}, expected {JUMBO_MTU}",
+            self.add("mtu", Status.WARN, f"{netdev} MTU {iface.mtu}, expected {JUMBO_MTU}",
                      f"set mtu: {JUMBO_MTU} for {netdev} in netplan on every rank")
         else:
-            self.add("mtu", "pass", f"{netdev} MTU {iface.mtu}")
+            self.add("mtu", Status.PASS, f"{netdev} MTU {iface.mtu}")
 
     def ring_neighbours(self, ports: list[FabricPort]) -> list[FabricPort]:
         """A ring rank talks to two neighbours: every other addressed, up RoCE port joins in."""
@@ -323,7 +324,7 @@ def assess(facts: Facts, fabric_ips: Sequence[IPv4Address], topology: str, rank:
     `address` is the rank's configured (management) address, `gid_index` the config's pin."""
     a = _Assessment(facts, rank)
     if not fabric_ips:
-        a.add("fabric ip", "warn", "no fabric_ips configured: collectives fall back to sockets",
+        a.add("fabric ip", Status.WARN, "no fabric_ips configured: collectives fall back to sockets",
               "list the rank's 200G address under fabric_ips in cluster.yaml")
         return RankFabric(rank, topology, (), {}, tuple(a.findings))
     ports: list[FabricPort] = []
@@ -335,7 +336,7 @@ def assess(facts: Facts, fabric_ips: Sequence[IPv4Address], topology: str, rank:
     if topology == "ring" and ports:
         ports += a.ring_neighbours(ports)
         if len({p.hca for p in ports}) < 2:
-            a.add("ring ports", "warn", f"only {ports[0].netdev} is up with an address: one neighbour reachable",
+            a.add("ring ports", Status.WARN, f"only {ports[0].netdev} is up with an address: one neighbour reachable",
                   "cable and address both QSFP ports (each link its own subnet)")
     if topology == "ring":
         management = a.management(address)
@@ -383,16 +384,16 @@ def _gid_index(a: _Assessment, ports: list[FabricPort], pin: int | None) -> int 
     picks = {h: ipv4_roce_v2(port) if port else None for h, port in tables.items()}
     shown = ", ".join(f"{h} {g.index if g else '-'}" for h, g in picks.items())
     if pin is None:
-        a.add("gid index", "pass", f"NCCL_IB_GID_INDEX unset: NCCL picks the IPv4 RoCE v2 entry per HCA: {shown}")
+        a.add("gid index", Status.PASS, f"NCCL_IB_GID_INDEX unset: NCCL picks the IPv4 RoCE v2 entry per HCA: {shown}")
         return None
     wrong = [f"{h} index {pin} is {_entry(tables[h], pin)} (NCCL's own pick: {g.index if g else '-'})"
              for h, g in picks.items() if g is None or g.index != pin]
     if wrong:
-        a.add("gid index", "fail", f"NCCL_IB_GID_INDEX={pin} (pinned) is not the IPv4 RoCE v2 entry: "
+        a.add("gid index", Status.FAIL, f"NCCL_IB_GID_INDEX={pin} (pinned) is not the IPv4 RoCE v2 entry: "
               + "; ".join(wrong), "remove fabric.gid_index (and NCCL_IB_GID_INDEX from overrides.env): NCCL "
               "then picks the entry per HCA, following it when addresses change")
     else:
-        a.add("gid index", "pass", f"NCCL_IB_GID_INDEX={pin} (pinned), the IPv4 RoCE v2 entry on every HCA: {shown}")
+        a.add("gid index", Status.PASS, f"NCCL_IB_GID_INDEX={pin} (pinned), the IPv4 RoCE v2 entry on every HCA: {shown}")
     return pin
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..errors import SparkstackError
+from ..status import Status
 from .images import LABEL, Base, Chain, RenderedStage, context_tar, instruction_lines
 
 LAST_LINES = 15          # of build output, shown when a stage fails
@@ -298,7 +299,7 @@ class RankBuild:
 
     rank: int
     host: str
-    status: str = "up-to-date"   # built | up-to-date | failed
+    status: Status = Status.UP_TO_DATE  # or BUILT, FAILED
     stages: list[dict] = field(default_factory=list)  # StageResult.to_json() of each stage done
     error: str | None = None
     seconds: float = 0.0
@@ -330,10 +331,17 @@ def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda lin
             say(_rank_line(conn.target.name, rank))
             return rank
 
-        return group.each(one).results
+        return [o.value if o.ok else _raised(o, say) for o in group.gather(one)]
     finally:
         if own:
             group.close()
+
+
+def _raised(outcome, say: Callable[[str], None]) -> RankBuild:
+    """The RankBuild of a rank whose build raised: failed, with why."""
+    rank = RankBuild(outcome.rank, outcome.target.address, Status.FAILED, error=outcome.why())
+    say(_rank_line(outcome.target.name, rank))
+    return rank
 
 
 def _probe_command(chain: Chain) -> str:
@@ -376,7 +384,7 @@ def _build_rank(conn, chain: Chain, probe, have: dict[str, tuple[str, str]]) -> 
     started = time.monotonic()
     out.error = _base_problem(name, chain, probe, have)
     if out.error:
-        out.status = "failed"
+        out.status = Status.FAILED
         return out
     done: list[StageResult] = []
     for stage in chain.stages:
@@ -388,9 +396,9 @@ def _build_rank(conn, chain: Chain, probe, have: dict[str, tuple[str, str]]) -> 
                               timeout=RANK_BUILD_TIMEOUT_S)
             image_id = _built_id(result.stdout) if result.ok else None
             if not image_id:
-                out.status, out.error = "failed", f"{name}: " + _rank_failure(stage, result, done)
+                out.status, out.error = Status.FAILED, f"{name}: " + _rank_failure(stage, result, done)
                 break
-            out.status = "built"
+            out.status = Status.BUILT
         done.append(StageResult(stage.name, stage.tag, image_id, built, time.monotonic() - t))
     out.stages = [r.to_json() for r in done]
     out.seconds = round(time.monotonic() - started, 3)
@@ -441,7 +449,7 @@ def _rank_failure(stage: RenderedStage, result, done: list[StageResult]) -> str:
 
 
 def _rank_line(name: str, rank: RankBuild) -> str:
-    if rank.status == "failed":
+    if rank.status == Status.FAILED:
         return f"{name}: FAILED: {rank.error}"
     parts = [f"{s['name']} {'built %.1fs' % s['seconds'] if s['built'] else 'up to date'}"
              for s in rank.stages]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import SparkstackError
+from ..status import Status
 from ..transport.remote import Connection, Group
 
 if TYPE_CHECKING:  # imported where used: docker-py and httpx cost a no-op ship ~0.5 s
@@ -32,7 +33,7 @@ class RankShip:
     rank: int
     host: str
     images: list[str]            # refs this rank lacks
-    status: str = "planned"      # planned | shipped | up-to-date | failed
+    status: Status = Status.PLANNED  # then SHIPPED, UP_TO_DATE or FAILED
     bytes: int = 0               # what crossed the SSH connection for this rank
     seconds: float = 0.0
     error: str | None = None
@@ -106,10 +107,10 @@ def make_plan(group: Group, local_ids: dict[str, str]) -> ShipPlan:
     for target, have, why in rank_image_ids(group, list(local_ids)):
         rank = RankShip(target.rank, target.address, [])
         if have is None:
-            rank.status, rank.error = "failed", why
+            rank.status, rank.error = Status.FAILED, why
         else:
             rank.images = [ref for ref, image_id in local_ids.items() if have.get(ref) != image_id]
-            rank.status = "planned" if rank.images else "up-to-date"
+            rank.status = Status.PLANNED if rank.images else Status.UP_TO_DATE
         plan.ranks.append(rank)
     return plan
 
@@ -134,45 +135,51 @@ def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None)
     with LocalRegistry() as registry:
         for ref in plan.needed:
             registry.push(ref)
-        todo = [r for r in plan.ranks if r.status == "planned"]
-        group_todo = Group([by_rank[r.rank] for r in todo])
+        todo = [r for r in plan.ranks if r.status == Status.PLANNED]
         outcome = {r.rank: r for r in todo}
 
-        def ship_one(conn: Connection, cache=None):
+        def ship_one(conn: Connection, cache=None) -> None:
             rank = outcome[conn.target.rank]
             if cache is None:
                 _ship_rank(conn, rank, plan.local_ids, registry)
             else:
                 _relay_rank(conn, rank, plan.local_ids, registry, cache)
             say(_progress_line(conn.target.name, rank))
-            return None
+
+        def ship_many(ranks: list[RankShip], cache=None) -> None:
+            """These ranks at once; one whose ship raised is FAILED with why, the others as they went."""
+            for o in Group([by_rank[r.rank] for r in ranks]).gather(lambda conn: ship_one(conn, cache)):
+                if not o.ok:
+                    rank = outcome[o.rank]
+                    rank.status, rank.error = Status.FAILED, o.why()
+                    say(_progress_line(o.target.name, rank))
 
         if relay is None:
-            group_todo.each(ship_one)
+            ship_many(todo)
         else:
-            _apply_relayed(plan, by_rank, registry, relay, todo, lambda conn, cache: ship_one(conn, cache), say)
+            _apply_relayed(plan, by_rank, registry, relay, todo, ship_many, say)
     return plan
 
 
 def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", route: "Route",
-                   todo: list[RankShip], ship_one, say) -> None:
+                   todo: list[RankShip], ship_many, say) -> None:
     """Rank 0's cache up (its upstream: this host's registry through rank 0's forward, its gate
     open to the ranks for this ship's images only), every rank that lacks something pulls from
     it, the cache down. The uplink's bytes are rank 0's."""
     from . import relay
 
     head, head_ship = by_rank.get(0), next((r for r in plan.ranks if r.rank == 0), None)
-    if head is None or head_ship is None or head_ship.status == "failed":
+    if head is None or head_ship is None or head_ship.status == Status.FAILED:
         why = head_ship.error if head_ship and head_ship.error else "rank 0 is not in this ship"
         for r in todo:
-            r.status, r.error = "failed", f"rank {r.rank}: the relay needs rank 0 ({why}); ship without --relay"
+            r.status, r.error = Status.FAILED, f"rank {r.rank}: the relay needs rank 0 ({why}); ship without --relay"
         return
     spec = relay.gate_spec(route, [registry.contents(ref) for ref in plan.needed])
     try:
         upstream, counter = head.reverse_forward(registry.port)
     except Exception as e:  # rank 0 went away between plan and apply
         for r in todo:
-            r.status, r.error = "failed", f"{head.target.name}: cannot open the registry forward for the relay ({e})"
+            r.status, r.error = Status.FAILED, f"{head.target.name}: cannot open the registry forward for the relay ({e})"
         return
     try:
         cache = relay.start(head, spec, upstream)
@@ -183,14 +190,14 @@ def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", rou
             # request in flight, so concurrent first pulls would each cross the uplink
             # (measured: 15 MB for a 3 MB layer to four ranks); after it, the rest in parallel.
             first, rest = todo[0], todo[1:]
-            ship_one(by_rank[first.rank], cache)
+            ship_many([first], cache)
             if rest:
-                Group([by_rank[r.rank] for r in rest]).each(lambda conn: ship_one(conn, cache))
+                ship_many(rest, cache)
         finally:
             relay.stop(head, cache)
     except relay.RelayError as e:
         for r in todo:
-            r.status, r.error = "failed", e.message
+            r.status, r.error = Status.FAILED, e.message
     finally:
         head.cancel_forward(upstream)
         head_ship.bytes = counter.total  # every relayed blob crossed rank 0's SSH connection
@@ -207,9 +214,9 @@ def _relay_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], reg
                 cache, _pull_command(registry.name(ref, "{port}"), ref, local_ids[ref]))
             result = conn.run(command, stdin=script, timeout=PULL_TIMEOUT_S)
             if not result.ok:
-                rank.status, rank.error = "failed", _docker_hint(result.why(), conn.target.name)
+                rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), conn.target.name)
                 return
-        rank.status = "shipped"
+        rank.status = Status.SHIPPED
     finally:
         rank.seconds = round(time.monotonic() - started, 3)
 
@@ -219,16 +226,16 @@ def _ship_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], regi
     try:
         port, counter = conn.reverse_forward(registry.port)
     except Exception as e:  # the rank went away between plan and apply
-        rank.status, rank.error = "failed", f"{conn.target.name}: cannot open the registry forward ({e})"
+        rank.status, rank.error = Status.FAILED, f"{conn.target.name}: cannot open the registry forward ({e})"
         return
     try:
         for ref in rank.images:
             result = conn.run(_pull_command(registry.name(ref, port), ref, local_ids[ref]),
                               timeout=PULL_TIMEOUT_S)
             if not result.ok:
-                rank.status, rank.error = "failed", _docker_hint(result.why(), conn.target.name)
+                rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), conn.target.name)
                 return
-        rank.status = "shipped"
+        rank.status = Status.SHIPPED
     finally:
         conn.cancel_forward(port)
         rank.bytes = counter.total
@@ -255,6 +262,6 @@ def _pull_command(source: str, ref: str, image_id: str) -> str:
 
 
 def _progress_line(name: str, rank: RankShip) -> str:
-    if rank.status == "shipped":
+    if rank.status == Status.SHIPPED:
         return f"{name}: shipped {', '.join(rank.images)} ({rank.bytes / 1e6:.1f} MB in {rank.seconds:.1f} s)"
     return f"{name}: FAILED: {rank.error}"

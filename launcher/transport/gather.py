@@ -18,6 +18,7 @@ from ..facts import facts as facts_mod
 from ..facts.facts import Facts, FactError
 from ..inputs import node_settings
 from ..inputs.config import Loaded
+from .outcome import RankOutcome
 from .remote import Connection, Group
 
 PROBE_TIMEOUT_S = 20.0  # the probe's own commands stop at 5 s each; this bounds the whole
@@ -86,8 +87,15 @@ def _why(result) -> str:
 
 
 def gather(group: Group, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S) -> dict[int, RankFacts]:
-    """Every rank's facts, probed in parallel: {rank index: RankFacts}."""
-    return {g.rank: g for g in group.map(lambda c: probe_rank(c, loaded, timeout))}
+    """Every rank's facts, probed in parallel: {rank index: RankFacts}; a rank whose probe
+    raised has none, and the error, like a rank that did not answer."""
+    return {o.rank: o.value if o.ok else failed(o)
+            for o in group.gather(lambda c: probe_rank(c, loaded, timeout))}
+
+
+def failed(outcome: RankOutcome) -> RankFacts:
+    """The RankFacts of a rank whose probe (or more, check's pings) raised."""
+    return RankFacts(outcome.rank, outcome.target.label, None, outcome.why(), 0.0)
 
 
 def facts_of(gathered: dict[int, RankFacts]) -> dict[int, Facts]:

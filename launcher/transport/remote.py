@@ -34,6 +34,7 @@ from tenacity import (RetryCallState, retry, retry_if_exception, stop_after_atte
 
 from ..errors import SparkstackError
 from ..inputs.config import split_jump
+from .outcome import RankOutcome, values
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
 KEEPALIVE_S = 15
@@ -46,7 +47,7 @@ KILL_AFTER_S = 5
 KILL_TIMEOUT_S = 10  # for the `pkill` that stops a command we gave up on
 CANCEL_WAIT_S = 15  # an interrupted Group waits this long for its cancelled commands, no longer
 T = TypeVar("T")
-_cancel = threading.local()  # .event: the Group.map cancel event of the thread running a command
+_cancel = threading.local()  # .event: the Group.gather cancel event of the thread running a command
 
 # paramiko's transport thread logs every failed handshake with a traceback; with no handler
 # configured Python would print those to the terminal. Our own messages say what failed.
@@ -214,7 +215,7 @@ class Connection:
 
         stop = stop_after_attempt(self.attempts)
         cancel = getattr(_cancel, "event", None)
-        if cancel is not None:  # an interrupted Group.map: no more attempts
+        if cancel is not None:  # an interrupted Group.gather: no more attempts
             stop = stop | stop_when_event_set(cancel)
         attempt = retry(retry=retry_if_exception(_transient), stop=stop,
                         wait=wait_exponential(multiplier=0.5, max=8), before_sleep=announce,
@@ -336,10 +337,10 @@ class Connection:
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60.0,
             sudo: bool = False) -> Result:
         """Run `command` through the rank's shell; never raises for the command's own failure.
-        Timed out or cancelled (Group.map), it is killed on the rank, not left running there."""
+        Timed out or cancelled (Group.gather), it is killed on the rank, not left running there."""
         started = time.monotonic()
         result = Result(self.target)
-        cancel = getattr(_cancel, "event", None)  # set only in a Group.map thread
+        cancel = getattr(_cancel, "event", None)  # set only in a Group.gather thread
         try:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("was cancelled before it started")
@@ -430,7 +431,7 @@ class TimedOut(Exception):
 
 
 class Cancelled(Exception):
-    """Group.map was interrupted while this command was in flight."""
+    """Group.gather was interrupted while this command was in flight."""
 
 
 def _bounded(command: str, timeout: float | None, token: str) -> str:
@@ -512,22 +513,22 @@ class Group:
         kw.setdefault("dead_after", float(cluster.ssh.dead_after_s))
         return cls.from_targets(targets_from_config(cluster), cluster.ssh.known_hosts or DEFAULT_KNOWN_HOSTS, **kw)
 
-    def map(self, action: Callable[[Connection], T]) -> list[T]:
-        """`action` on every rank at once; the answers in rank order. A rank's exception waits
-        until every rank is done, then the first is raised (the other ranks' work is not cut
-        short). An interrupt (Ctrl+C, SIGTERM) while waiting cancels every command in flight
-        (Connection.run kills it on its rank), waits up to CANCEL_WAIT_S for that and is raised:
-        nothing is waited for to its own timeout. The worker threads are daemons, so a rank
-        that does not answer even then cannot hold up the exit."""
+    def gather(self, action: Callable[[Connection], T]) -> list[RankOutcome[T]]:
+        """`action` on every rank at once; each rank's value or exception, in rank order (one
+        rank raising never hides another's result). An interrupt (Ctrl+C, SIGTERM) while waiting
+        cancels every command in flight (Connection.run kills it on its rank), waits up to
+        CANCEL_WAIT_S for that and is raised: nothing is waited for to its own timeout. The
+        worker threads are daemons, so a rank that does not answer even then cannot hold up
+        the exit."""
         cancel = threading.Event()
-        outcomes: list[tuple[bool, object]] = [(False, None)] * len(self.connections)
+        outcomes = [RankOutcome(c.target) for c in self.connections]
 
         def work(i: int, conn: Connection) -> None:
             _cancel.event = cancel
             try:
-                outcomes[i] = (True, action(conn))
+                outcomes[i] = RankOutcome(conn.target, action(conn))
             except BaseException as e:  # kept for the caller's thread
-                outcomes[i] = (False, e)
+                outcomes[i] = RankOutcome(conn.target, error=e)
 
         threads = [threading.Thread(target=work, args=(i, c), daemon=True, name=c.target.name)
                    for i, c in enumerate(self.connections)]
@@ -542,13 +543,18 @@ class Group:
             for t in (t for t in threads if t.ident is not None):  # those started
                 t.join(max(0.0, deadline - time.monotonic()))
             raise
-        for ok, value in outcomes:
-            if not ok:
-                raise value
-        return [value for _ok, value in outcomes]
+        return outcomes
+
+    def map(self, action: Callable[[Connection], T]) -> list[T]:
+        """`gather`, all or nothing: the answers in rank order, or, once every rank is done,
+        the first rank's exception (the other ranks' work is not cut short)."""
+        return values(self.gather(action))
 
     def each(self, action: Callable[[Connection], Result]) -> GroupResult:
-        return GroupResult(self.map(action))
+        """`action`'s Result per rank; a rank whose action raised gets a Result whose error
+        says so, the others keep theirs."""
+        return GroupResult([o.value if o.ok else Result(o.target, error=o.why())
+                            for o in self.gather(action)])
 
     def run(self, command: str, **kw) -> GroupResult:
         return self.each(lambda c: c.run(command, **kw))
