@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from conftest import example_config
 from launcher.images import build as build_mod
+from launcher.images import local_docker
 from launcher.inputs import config as config_mod
 from launcher.images import images
 from launcher.cli.commands import main
@@ -133,7 +134,7 @@ def docker_client(session):
         docker.from_env(timeout=10).ping()
     except docker.errors.DockerException as e:
         pytest.skip(f"no Docker engine: {e}")
-    client = build_mod.connect(timeout=300)
+    client = local_docker.connect(timeout=300)
     client.api.ping()
     yield client
     remove_test_images(client, session)
@@ -188,7 +189,7 @@ def test_full_build_then_noop_then_one_file(docker_client, test_base, tmp_path):
 
     # unchanged: four image lookups and not one docker-py call (no build, pull or tag)
     spy = Spy(docker_client.api)
-    engine = build_mod.Engine(api=spy)
+    engine = local_docker.LocalDocker(api=spy)
     looked_up = []
     lookup = engine.image_id
     engine.image_id = lambda ref: looked_up.append(ref) or lookup(ref)

@@ -25,9 +25,7 @@ from test_images import write_patches
 @pytest.fixture(scope="module")
 def ranks_base(sandbox, group, docker_client, test_base, session):
     """The session's base on every rank, by ship (its image ID is the host's)."""
-    import docker
-
-    plan = ship.make_plan(group, ship.local_image_ids([test_base], docker.from_env()))
+    plan = ship.make_plan(group, ship.local_image_ids([test_base]))
     ship.apply(plan, group, say=lambda line: None)
     assert {r.status for r in plan.ranks} <= {"shipped", "up-to-date"}, [r.error for r in plan.ranks]
     yield test_base

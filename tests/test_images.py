@@ -234,8 +234,8 @@ def test_missing_patches_dir(write_config):
 def test_cli_refuses_before_docker(write_config, patches, monkeypatch):
     (patches / "mla_attn_dcp.py").unlink()
     path = write_config(lambda d: d.update(images={"patches_dir": str(patches)}))
-    from launcher.images import build as build_mod
-    monkeypatch.setattr(build_mod, "connect", lambda *a, **k: pytest.fail("Docker was asked"))
+    from launcher.images import local_docker
+    monkeypatch.setattr(local_docker, "connect", lambda *a, **k: pytest.fail("Docker was asked"))
     result = CliRunner().invoke(main, ["build", "-c", str(path)])
     assert result.exit_code == 2
     assert result.output.startswith("error: stage 'dcp' (") and "mla_attn_dcp.py: not found" in result.output

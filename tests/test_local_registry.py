@@ -34,7 +34,7 @@ def _time_out_the_wait(monkeypatch):
                                            (_time_out_the_wait, registry.RegistryError)])
 def test_a_start_that_fails_stops_the_registry_and_removes_its_dir(tmp_path, monkeypatch, fault, raised):
     fault(monkeypatch)
-    reg = registry.LocalRegistry(tmp_path / "storage", docker_client=SimpleNamespace())  # no push here
+    reg = registry.LocalRegistry(tmp_path / "storage", engine=SimpleNamespace())  # no push here
     try:
         with pytest.raises(raised):
             with reg:
@@ -76,7 +76,7 @@ def test_a_registry_that_never_answers_times_out_with_cause_and_fix_and_is_kille
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(registry, "READY_TIMEOUT_S", 3)
     storage = tmp_path / "storage"
-    reg = registry.LocalRegistry(storage, docker_client=SimpleNamespace())
+    reg = registry.LocalRegistry(storage, engine=SimpleNamespace())
     try:
         with pytest.raises(registry.RegistryError) as raised:
             with reg:

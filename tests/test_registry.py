@@ -35,17 +35,17 @@ def mode(path) -> int:
 
 def test_storage_is_private_even_when_it_was_not(tmp_path):
     storage = tmp_path / "registry"
-    with registry.LocalRegistry(storage, docker_client=object()):
+    with registry.LocalRegistry(storage, engine=object()):
         assert mode(storage) == 0o700
     storage.chmod(0o755)  # as an earlier version left it
-    with registry.LocalRegistry(storage, docker_client=object()):
+    with registry.LocalRegistry(storage, engine=object()):
         assert mode(storage) == 0o700
 
 
 def test_prune_empties_the_storage_but_not_under_a_running_ship(tmp_path, monkeypatch):
     storage = tmp_path / "registry"
     monkeypatch.setattr(registry, "STORAGE", storage)
-    with registry.LocalRegistry(storage, docker_client=object()) as reg:
+    with registry.LocalRegistry(storage, engine=object()) as reg:
         upload_blob(reg, b"x" * 300_000)
         result = CliRunner().invoke(main, ["registry-prune"])
         assert result.exit_code == 1
@@ -56,7 +56,7 @@ def test_prune_empties_the_storage_but_not_under_a_running_ship(tmp_path, monkey
     assert "registry storage emptied: 0.00 GB freed" in result.output  # 300 kB
     assert not storage.exists()
     assert registry.prune(storage) == 0  # nothing left: nothing to do
-    with registry.LocalRegistry(storage, docker_client=object()) as reg:  # and it starts afresh
+    with registry.LocalRegistry(storage, engine=object()) as reg:  # and it starts afresh
         digest = upload_blob(reg, b"y" * 1000)
         assert httpx.head(f"http://127.0.0.1:{reg.port}/v2/sparkstack/test/blobs/{digest}").status_code == 200
     assert registry.prune(storage) >= 1000

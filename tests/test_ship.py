@@ -68,7 +68,7 @@ def image_events_since(sandbox, since: str) -> dict[str, list[str]]:
 
 
 def ship_refs(group, client, refs):
-    plan = ship.make_plan(group, ship.local_image_ids(refs, client))
+    plan = ship.make_plan(group, ship.local_image_ids(refs))
     return ship.apply(plan, group, say=lambda line: None)
 
 
@@ -83,7 +83,7 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
     assert "127.0.0.1:" not in out
 
     since, before = rank_clock(sandbox), images_on_ranks(sandbox)
-    again = ship.make_plan(group, ship.local_image_ids([base], client))
+    again = ship.make_plan(group, ship.local_image_ids([base]))
     assert [r.status for r in again.ranks] == ["up-to-date"] * 4
     assert [r.bytes for r in ship.apply(again, group).ranks] == [0] * 4
     # a re-ship of what every rank has: no pull started, nothing tagged, nothing changed
@@ -277,7 +277,7 @@ def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
     try:
         with group_of(sandbox) as group:
             assert all(r.status != "failed" for r in ship_refs(group, client, [base]).ranks)
-            plan = ship.make_plan(group, ship.local_image_ids([ref], client))
+            plan = ship.make_plan(group, ship.local_image_ids([ref]))
             lines = []
             ship.apply(plan, group, say=lines.append, relay=relay.route(config.load(sandbox.config)))
         assert [r.status for r in plan.ranks] == ["shipped"] * 4, [r.error for r in plan.ranks]

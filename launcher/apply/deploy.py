@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from . import prep, serve
 from ..check import check
 from ..errors import Interrupted, SparkstackError
-from ..images import build, ship
+from ..images import build, local_docker, ship
 from ..inputs import apikey
 from ..inputs.config import Loaded
 from ..plan import plan as plan_mod
@@ -109,7 +109,7 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
                 return  # pulled or loaded on the ranks themselves: nothing to ship from here
             raise
         say(f"building {image}")
-        build.build_chain(build.connect(), build.local_chain(loaded))
+        build.build_chain(local_docker.connect(), build.local_chain(loaded))
         ids = ship.local_image_ids([image])
         report.steps.append("built the image chain")
     shipment = ship.make_plan(group, ids)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..errors import SparkstackError
+from ..facts import remote as rank_facts
 from ..facts.facts import Facts
 from ..inputs import node_settings
 from ..inputs.config import Loaded
@@ -32,7 +33,6 @@ WAIT_TIMEOUT_S = 120.0
 POLL_S = 0.5
 # mount(8) refuses fstab-only options on the command line
 _FSTAB_ONLY = {"nofail", "_netdev", "auto", "noauto", "defaults"}
-_MEMAVAILABLE = re.compile(r"^MemAvailable:\s+(\d+) kB", re.M)
 
 
 class PrepError(SparkstackError):
@@ -191,9 +191,9 @@ def read_mem_available(group: Group, ranks: list[int]) -> dict[int, int | str]:
     conns = [c for c in group.connections if c.target.rank in ranks]
 
     def one(c: Connection) -> int | str:
-        res = c.run("cat /proc/meminfo", timeout=10)
-        m = _MEMAVAILABLE.search(res.stdout) if res.ok else None
-        return int(m[1]) * 1024 if m else res.why()
+        res = c.run(rank_facts.MEMINFO_COMMAND, timeout=10)
+        available = rank_facts.parse_mem_available(res.stdout) if res.ok else None
+        return available if available is not None else res.why()
 
     return {o.rank: o.value if o.ok else o.why() for o in Group(conns).gather(one)}
 

@@ -17,6 +17,8 @@ import shlex
 from dataclasses import asdict, dataclass
 
 from ..errors import SparkstackError
+from ..facts import remote as rank_facts
+from ..facts.facts import FactError
 from ..plan.plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from ..transport.remote import Connection, Group, Result
 
@@ -74,35 +76,21 @@ def run_command(rank: RankPlan) -> tuple[str, bytes]:
     return shlex.join(argv + rank.engine), env_file(rank.env, f"rank {rank.rank}")
 
 
-_INSPECT = ("docker inspect --format '{{json .State}}\t{{index .Config.Labels \"" + PLAN_LABEL
-            + "\"}}\t{{.Config.Image}}' " + CONTAINER_NAME + " 2>/dev/null || echo absent")
+_INSPECT = rank_facts.container_state_command(CONTAINER_NAME, PLAN_LABEL)
 
 
 def _parse_state(result: Result) -> RankState:
     t = result.target
     if result.error or result.exit_status != 0:
         return RankState(t.rank, t.address, "unreachable", error=result.why())
-    lines = result.stdout.strip().splitlines()
-    line = lines[-1] if lines else ""  # what a login shell prints first (a banner) is not ours
-    if line == "absent":
-        return RankState(t.rank, t.address, "absent")
     try:
-        return _state_of(result, line)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON errors are ValueErrors
-        return RankState(t.rank, t.address, "unknown", error=f"{t.name}: `docker inspect` printed "
-                         f"{line!r:.200}, not the container's state ({e})")
-
-
-def _state_of(result: Result, line: str) -> RankState:
-    """One `_INSPECT` line: State as JSON, the plan label, the image, tab-separated."""
-    state_json, label, image = line.split("\t")
-    state = json.loads(state_json)
-    status, code, started = state["Status"], state.get("ExitCode"), state.get("StartedAt")
-    if not isinstance(status, str) or type(code) not in (int, type(None)) \
-            or type(started) not in (str, type(None)):
-        raise ValueError("State.Status, ExitCode or StartedAt of another type")
-    t = result.target
-    return RankState(t.rank, t.address, status, code, bool(state.get("OOMKilled")), started, image, label or None)
+        found = rank_facts.parse_container_state(result.stdout)
+    except FactError as e:
+        return RankState(t.rank, t.address, "unknown", error=f"{t.name}: {e}")
+    if found is None:
+        return RankState(t.rank, t.address, "absent")
+    return RankState(t.rank, t.address, found.status, found.exit_code, found.oom_killed, found.started_at,
+                     found.image, found.label)
 
 
 def states(group: Group) -> list[RankState]:

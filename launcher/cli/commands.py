@@ -293,6 +293,7 @@ def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts, 
 
     from ..images import build as build_mod
     from ..images import images as images_mod
+    from ..images import local_docker
 
     loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     base = images_mod.base_name(loaded)
@@ -309,7 +310,7 @@ def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts, 
         _print_build(as_json, [], f"profile {loaded.profile.name} uses {chain.base.name} as it is: "
                                   f"nothing to build")
         return
-    engine = build_mod.connect()
+    engine = local_docker.connect()
     show = _BuildDisplay(verbose and not as_json, quiet=as_json)
     if chain.base.image_id is None:  # pulled first: the tags hash its ID
         chain = images_mod.chain_for(loaded, build_mod.ensure_base(engine, base, show).image_id)

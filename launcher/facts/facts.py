@@ -28,6 +28,7 @@ from ipaddress import IPv4Address, IPv6Address, ip_interface
 from pathlib import PurePosixPath
 
 from .. import onrank
+from .image_ref import ImageRef
 
 PROBE_SOURCE = onrank.path("probe")
 PROBE_VERSION = 1
@@ -148,7 +149,8 @@ class Docker:
 
     def image(self, ref: str) -> Image | None:
         """The image a tag (`repo:tag`, `:latest` implied) or an ID names."""
-        ref_tag = ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest"
+        parsed = ImageRef.parse(ref)
+        ref_tag = ref if parsed.tag or parsed.digest else ref + ":latest"
         for image in self.images:
             if ref_tag in image.tags or image.id in (ref, "sha256:" + ref):
                 return image

@@ -5,30 +5,28 @@ lookup per stage and nothing else. A missing stage is built with docker-py's low
 small in-memory context (its Dockerfile and its own files, never the patch directory), streaming
 Docker's output to an event callback. A failure stops the chain and says which stage, which
 Dockerfile line and what the build printed last; the stages before it stay tagged, and Docker
-tags nothing that failed.
+tags nothing that failed. The engine is reached through launcher.images.local_docker.
 """
 
 from __future__ import annotations
 
-import http.client
 import io
-import json
-import os
 import re
 import shlex
-import socket
 import time
-import urllib.parse
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..errors import SparkstackError
 from ..status import Status
+from ..facts import remote as rank_facts
+from ..facts.remote import RankImage
+from ..facts.image_ref import ImageRef
 from .images import LABEL, Base, Chain, RenderedStage, context_tar, instruction_lines
+from .local_docker import LocalDocker
 
 LAST_LINES = 15          # of build output, shown when a stage fails
-DEFAULT_SOCKET = "/var/run/docker.sock"
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # the classic builder's bookkeeping, left out of the output shown on failure
@@ -37,7 +35,8 @@ _NONZERO = re.compile(r"^The command .* returned a non-zero code: (\d+)$", re.S)
 
 
 class BuildError(SparkstackError):
-    """Docker could not be reached, the base is missing, or a stage failed to build."""
+    """The base is missing, or a stage failed to build (an engine that does not answer raises
+    launcher.images.local_docker.LocalDockerError)."""
 
 
 @dataclass(frozen=True)
@@ -72,89 +71,11 @@ def _quiet(_: Event) -> None:
     pass
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-
-
-class Engine:
-    """The local Docker engine.
-
-    Image lookups go straight to the engine's socket: they are all a no-op build does, and
-    importing docker-py (requests, and paramiko for ssh:// engines) costs ~0.5 s of the one
-    second a no-op may take. Builds and pulls use docker-py's APIClient, imported on first use.
-    An engine not on a local socket (DOCKER_HOST tcp:// or ssh://) is asked through docker-py
-    for everything."""
-
-    def __init__(self, api=None, socket_path: str | None = None, timeout: float = 600):
-        self._api, self.timeout = api, timeout
-        host = os.environ.get("DOCKER_HOST", "")
-        if socket_path is None and (not host or host.startswith("unix://")):
-            socket_path = host.removeprefix("unix://") or DEFAULT_SOCKET
-        self._conn = _UnixConnection(socket_path, 10) if socket_path else None
-
-    @property
-    def api(self):
-        """docker-py's low-level client, created on first use."""
-        if self._api is None:
-            import docker
-
-            try:
-                self._api = docker.APIClient(version="auto", timeout=int(self.timeout),
-                                             **docker.utils.kwargs_from_env())
-            except docker.errors.DockerException as e:
-                raise _unreachable(e) from None
-        return self._api
-
-    def image_id(self, ref: str) -> str | None:
-        """The ID of image `ref` in the engine, or None if it has none by that name."""
-        if self._conn is None:
-            return self._api_image_id(ref)
-        try:
-            self._conn.request("GET", f"/images/{urllib.parse.quote(ref, safe='')}/json")
-            reply = self._conn.getresponse()
-            body = reply.read()
-        except OSError as e:
-            self._conn.close()
-            raise _unreachable(e) from None
-        if reply.status == 404:
-            return None
-        if reply.status != 200:
-            raise BuildError(f"docker: looking up image {ref}: {body.decode(errors='replace').strip()}")
-        return json.loads(body)["Id"]
-
-    def _api_image_id(self, ref: str) -> str | None:
-        import docker.errors
-
-        try:
-            return self.api.inspect_image(ref)["Id"]
-        except docker.errors.NotFound:
-            return None
-        except docker.errors.APIError as e:
-            raise BuildError(f"docker: looking up image {ref}: {e.explanation or e}") from None
-
-
-def _unreachable(e: Exception) -> BuildError:
-    return BuildError(f"cannot reach the Docker engine: {e}\n"
-                      "is it running, and may this user use it (the docker group)?")
-
-
-def connect(timeout: float = 600) -> Engine:
-    """The local Docker engine ($DOCKER_HOST or the default socket)."""
-    return Engine(timeout=timeout)
-
-
-def local_image_id(engine: Engine, ref: str) -> str | None:
+def local_image_id(engine: LocalDocker, ref: str) -> str | None:
     return engine.image_id(ref)
 
 
-def ensure_base(engine: Engine, name: str, on_event: OnEvent = _quiet) -> Base:
+def ensure_base(engine: LocalDocker, name: str, on_event: OnEvent = _quiet) -> Base:
     """The base image with its local ID, pulled first when the local Docker lacks it (its ID is
     part of every tag of the chain: see launcher/images/images.py)."""
     image_id = engine.image_id(name)
@@ -163,7 +84,8 @@ def ensure_base(engine: Engine, name: str, on_event: OnEvent = _quiet) -> Base:
     import docker.errors
 
     on_event(Event("pull", "base", f"pulling {name}"))
-    repo, tag = _split_ref(name)
+    ref = ImageRef.parse(name)
+    repo, tag = (name, None) if ref.digest else (ref.repository, ref.tag or "latest")
     try:
         for chunk in engine.api.pull(repo, tag=tag, stream=True, decode=True):
             if "error" in chunk:
@@ -179,16 +101,7 @@ def ensure_base(engine: Engine, name: str, on_event: OnEvent = _quiet) -> Base:
     return Base(name, image_id)
 
 
-def _split_ref(name: str) -> tuple[str, str | None]:
-    if "@" in name:
-        return name, None
-    repo, sep, tag = name.rpartition(":")
-    if sep and "/" not in tag:
-        return repo, tag
-    return name, "latest"
-
-
-def build_chain(engine: Engine, chain: Chain, on_event: OnEvent = _quiet) -> list[StageResult]:
+def build_chain(engine: LocalDocker, chain: Chain, on_event: OnEvent = _quiet) -> list[StageResult]:
     """Build the stages Docker lacks, in order; return one result per stage."""
     results: list[StageResult] = []
     for stage in chain.stages:
@@ -204,7 +117,7 @@ def build_chain(engine: Engine, chain: Chain, on_event: OnEvent = _quiet) -> lis
     return results
 
 
-def _build_stage(engine: Engine, stage: RenderedStage, earlier: list[StageResult],
+def _build_stage(engine: LocalDocker, stage: RenderedStage, earlier: list[StageResult],
                  on_event: OnEvent) -> str:
     import docker.errors
 
@@ -272,8 +185,8 @@ def local_base_id(name: str) -> str | None:
     """The base's image ID when the local Docker is reachable and holds it, else None; for
     `plan` and `--render-only`, which must not fail because Docker is away."""
     try:
-        return Engine(timeout=5).image_id(name)
-    except Exception:  # noqa: BLE001 (BuildError, or docker-py's own for a remote engine)
+        return LocalDocker(timeout=5).image_id(name)
+    except Exception:  # noqa: BLE001 (LocalDockerError, or docker-py's own for a remote engine)
         return None
 
 
@@ -322,8 +235,10 @@ def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda lin
     if own:
         group = remote.Group.for_cluster(loaded.cluster)
     try:
-        probes = {r.target.rank: r for r in group.run(_probe_command(chain), timeout=60).results}
-        have = {rank: _parse_probe(r.stdout) for rank, r in probes.items() if r.ok}
+        refs = [chain.base.name] + [s.tag for s in chain.stages]
+        command = rank_facts.image_ids_command(refs, label=f"{LABEL}.chain")
+        probes = {r.target.rank: r for r in group.run(command, timeout=60).results}
+        have = {rank: rank_facts.parse_image_ids(r.stdout) for rank, r in probes.items() if r.ok}
         chain = _chain_for_ranks(loaded, chain, have)
 
         def one(conn) -> RankBuild:
@@ -344,25 +259,7 @@ def _raised(outcome, say: Callable[[str], None]) -> RankBuild:
     return rank
 
 
-def _probe_command(chain: Chain) -> str:
-    """`<ref> <id> <chain label>` for the base and each stage the rank holds."""
-    refs = " ".join(shlex.quote(r) for r in [chain.base.name] + [s.tag for s in chain.stages])
-    fmt = shlex.quote(f'{{{{.Id}}}} {{{{index .Config.Labels "{LABEL}.chain"}}}}')
-    return (f'for r in {refs}; do i=$(docker image inspect --format {fmt} "$r" 2>/dev/null) '
-            f'&& echo "$r $i"; done; docker version --format "{{{{.Server.Version}}}}" >/dev/null')
-
-
-def _parse_probe(stdout: str) -> dict[str, tuple[str, str]]:
-    """ref -> (image ID, chain label)."""
-    found = {}
-    for line in stdout.splitlines():
-        ref, _, rest = line.partition(" ")
-        image_id, _, label = rest.partition(" ")
-        found[ref] = (image_id, label)
-    return found
-
-
-def _chain_for_ranks(loaded, chain: Chain, have: dict[int, dict]) -> Chain:
+def _chain_for_ranks(loaded, chain: Chain, have: dict[int, dict[str, RankImage]]) -> Chain:
     """The tags hash the base's image ID. When this host lacks the base (the point of building
     on the ranks), take the ID most ranks hold and render the chain for it; ranks holding
     another base fail in _build_rank."""
@@ -372,13 +269,13 @@ def _chain_for_ranks(loaded, chain: Chain, have: dict[int, dict]) -> Chain:
 
     from .images import chain_for
 
-    ids = Counter(h[chain.base.name][0] for h in have.values() if chain.base.name in h)
+    ids = Counter(h[chain.base.name].id for h in have.values() if chain.base.name in h)
     if not ids:
         return chain
     return chain_for(loaded, ids.most_common(1)[0][0], repository=chain.stages[0].tag.rpartition("/")[0])
 
 
-def _build_rank(conn, chain: Chain, probe, have: dict[str, tuple[str, str]]) -> RankBuild:
+def _build_rank(conn, chain: Chain, probe, have: dict[str, RankImage]) -> RankBuild:
     name = conn.target.name
     out = RankBuild(conn.target.rank, conn.target.address)
     started = time.monotonic()
@@ -389,8 +286,8 @@ def _build_rank(conn, chain: Chain, probe, have: dict[str, tuple[str, str]]) -> 
     done: list[StageResult] = []
     for stage in chain.stages:
         t = time.monotonic()
-        image_id, label = have.get(stage.tag, ("", ""))
-        built = label != stage.digest
+        found = have.get(stage.tag, RankImage(""))
+        image_id, built = found.id, found.label != stage.digest
         if built:
             result = conn.run(_rank_build_command(stage), stdin=context_tar(stage),
                               timeout=RANK_BUILD_TIMEOUT_S)
@@ -405,7 +302,7 @@ def _build_rank(conn, chain: Chain, probe, have: dict[str, tuple[str, str]]) -> 
     return out
 
 
-def _base_problem(name: str, chain: Chain, probe, have: dict) -> str | None:
+def _base_problem(name: str, chain: Chain, probe, have: dict[str, RankImage]) -> str | None:
     if not probe.ok:
         why = probe.why()
         if "Cannot connect to the Docker daemon" in why:
@@ -415,8 +312,8 @@ def _base_problem(name: str, chain: Chain, probe, have: dict) -> str | None:
     if base.name not in have:
         return (f"{name}: base image {base.name} is not on the rank; ship it "
                 f"(`sparkstack ship --image {base.name}`) or load it there, then re-run")
-    if base.image_id and have[base.name][0] != base.image_id:
-        return (f"{name}: base image {base.name} is {have[base.name][0]} on the rank, not "
+    if base.image_id and have[base.name].id != base.image_id:
+        return (f"{name}: base image {base.name} is {have[base.name].id} on the rank, not "
                 f"{base.image_id} as elsewhere (the tags hash it); ship the same base "
                 f"(`sparkstack ship --image {base.name}`), then re-run")
     return None

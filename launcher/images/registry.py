@@ -18,11 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import docker
 import httpx
 import yaml
 
 from ..errors import SparkstackError
+from ..facts.image_ref import ImageRef
+from .local_docker import LocalDocker, connect
 
 REGISTRY_BINARY = "docker-registry"
 STORAGE = Path("~/.cache/sparkstack/registry").expanduser()
@@ -72,10 +73,10 @@ def _free_port() -> int:
 class LocalRegistry:
     """`with LocalRegistry() as reg: reg.push(ref)` — started on entry, stopped on exit."""
 
-    def __init__(self, storage: Path = STORAGE, docker_client: docker.DockerClient | None = None):
+    def __init__(self, storage: Path = STORAGE, engine: LocalDocker | None = None):
         self.storage = storage
         self.port = 0
-        self.docker = docker_client or docker.from_env()
+        self.engine = engine or connect()
         self._process: subprocess.Popen | None = None
         self._workdir: tempfile.TemporaryDirectory | None = None
         self._lock = None
@@ -144,25 +145,25 @@ class LocalRegistry:
     def name(self, ref: str, port: int | str | None = None) -> str:
         """The image's name in this registry, as seen on a host where it answers on `port`
         (a placeholder string where the port is known only on the rank: the relay's)."""
-        return f"127.0.0.1:{port or self.port}/{_repository_path(ref)}"
+        return f"127.0.0.1:{port or self.port}/{ImageRef.parse(ref).tagged}"  # its registry dropped
 
     def push(self, ref: str) -> None:
         """Push a local image; the registry keeps blobs it already has (nothing moves for them)."""
-        image = self.docker.images.get(ref)
-        target = self.name(ref)
-        repository, tag = target.rsplit(":", 1)
-        image.tag(repository, tag)
+        api = self.engine.api
+        target = ImageRef.parse(self.name(ref))
+        api.tag(ref, target.repository, target.tag)
         try:
-            for line in self.docker.api.push(repository, tag, stream=True, decode=True):
+            for line in api.push(target.repository, target.tag, stream=True, decode=True):
                 if "error" in line:
                     raise RegistryError(f"pushing {ref} to the local registry failed: {line['error']}")
         finally:
-            self.docker.api.remove_image(target)  # untag only; the image stays
+            api.remove_image(str(target))  # untag only; the image stays
 
     def contents(self, ref: str) -> tuple[str, list[str], list[str]]:
         """A pushed image as a pull asks for it: (repository, [its tag and every manifest
         digest], [every config and layer digest]), from this registry's own manifests."""
-        repo, tag = _repository_path(ref).rsplit(":", 1)
+        parsed = ImageRef.parse(ref)
+        repo, tag = parsed.path, parsed.tag or "latest"
         manifests, blobs, todo = {tag}, set(), [tag]
         while todo:
             reference = todo.pop()
@@ -179,12 +180,3 @@ class LocalRegistry:
             blobs.update(d["digest"] for d in [body.get("config"), *body.get("layers", [])] if d)
         return repo, sorted(manifests), sorted(blobs)
 
-
-def _repository_path(ref: str) -> str:
-    """`sparkstack/keys:abc` -> `sparkstack/keys:abc`; a registry host part is dropped, a
-    missing tag becomes `latest`."""
-    name, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
-    first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        name = rest
-    return f"{name}:{tag}"

@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING
 
 from ..errors import SparkstackError
 from ..status import Status
+from ..facts import remote as rank_facts
+from ..facts.image_ref import ImageRef
 from ..transport.remote import Connection, Group
 
 if TYPE_CHECKING:  # imported where used: docker-py and httpx cost a no-op ship ~0.5 s
+    from .local_docker import LocalDocker
     from .registry import LocalRegistry
     from .relay import Route
 
@@ -52,52 +55,31 @@ class ShipPlan:
         return sorted({ref for r in self.ranks for ref in r.images})
 
 
-def local_image_ids(refs: list[str], client=None) -> dict[str, str]:
-    """ref -> image ID on this host. `client`: docker-py's DockerClient, or by default
-    launcher.images.build's Engine, which asks Docker's socket without importing docker-py."""
-    if client is None:
-        from .build import connect
+def local_image_ids(refs: list[str], engine: "LocalDocker | None" = None) -> dict[str, str]:
+    """ref -> image ID on this host, asked of Docker's socket without importing docker-py."""
+    if engine is None:
+        from .local_docker import connect
 
-        client = connect()
-    lookup = client.image_id if hasattr(client, "image_id") else _docker_py_lookup(client)
+        engine = connect()
     ids = {}
     for ref in refs:
-        ids[ref] = lookup(ref)
+        ids[ref] = engine.image_id(ref)
         if not ids[ref]:
             raise SparkstackError(f"image {ref} is not on this host: run `sparkstack build` "
                                   "first (or `docker pull`/`docker load` it here)")
     return ids
 
 
-def _docker_py_lookup(client):
-    import docker.errors
-
-    def lookup(ref: str) -> str | None:
-        try:
-            return client.images.get(ref).id
-        except docker.errors.ImageNotFound:
-            return None
-
-    return lookup
-
-
-def _inspect_command(refs: list[str]) -> str:
-    """Prints `<ref> <id>` for each ref the rank has (nothing for ones it lacks)."""
-    quoted = " ".join(shlex.quote(r) for r in refs)
-    return (f"for r in {quoted}; do i=$(docker image inspect --format '{{{{.Id}}}}' \"$r\" 2>/dev/null) "
-            f"&& echo \"$r $i\"; done; docker version --format '{{{{.Server.Version}}}}' >/dev/null")
-
-
 def rank_image_ids(group: Group, refs: list[str]) -> list[tuple[object, dict[str, str] | None, str | None]]:
     """Per rank: (target, {ref: image ID it has}, None) or (target, None, why it could not say)."""
-    answers = group.run(_inspect_command(refs), timeout=30)
+    answers = group.run(rank_facts.image_ids_command(refs), timeout=30)
     out = []
     for result in answers.results:
         if not result.ok:
             out.append((result.target, None, _docker_hint(result.why(), result.target.name)))
         else:
-            out.append((result.target, dict(line.split(" ", 1) for line in result.stdout.splitlines()
-                                            if " " in line), None))
+            have = rank_facts.parse_image_ids(result.stdout)
+            out.append((result.target, {ref: image.id for ref, image in have.items()}, None))
     return out
 
 
@@ -250,7 +232,7 @@ def _pull_command(source: str, ref: str, image_id: str) -> str:
     for over a minute, and a new pull of the same layer joins that download instead of starting
     afresh (measured: 75 s lost in the sshd-killed fault test). Stopping the old CLI cancels it."""
     s, r = shlex.quote(source), shlex.quote(ref)
-    path = source.split("/", 1)[1]  # "127.0.0.1:<port>/<path>": any port, this image
+    path = ImageRef.parse(source).tagged  # "127.0.0.1:<port>/<path>": any port, this image
     stale = shlex.quote("[d]ocker pull -q 127[.]0[.]0[.]1:[0-9]+/" + re.escape(path) + "$")
     return (f"pkill -f -- {stale} && sleep 0.5; "
             f"docker pull -q {s} >/dev/null && "

@@ -166,30 +166,14 @@ def paths(state_dir: Path) -> dict[str, Path]:
 
 def connect():
     """A docker-py client to the local engine, or a SandboxError saying how to get one."""
-    import docker
+    from ..images.local_docker import LocalDocker, LocalDockerError
 
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    engine = LocalDocker(timeout=120)
     try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-        return client
-    except Exception as e:  # DockerException, requests errors, PermissionError
-        text = str(e)
-        if "FileNotFoundError" in text or "No such file" in text:
-            reason = "no engine socket there"
-        elif "Connection refused" in text or "ConnectionRefused" in text:
-            reason = "connection refused"
-        elif "Permission denied" in text or "PermissionError" in text:
-            reason = "permission denied"
-        elif "timed out" in text.lower():
-            reason = "timed out"
-        else:
-            reason = text.removeprefix("Error while fetching server API version: ").strip() or type(e).__name__
-        if "Permission denied" in text or "PermissionError" in text:
-            fix = "add yourself to the docker group (then log in again), or run as root"
-        else:
-            fix = "start the Docker engine (`systemctl start docker`, or `dockerd &`) or set DOCKER_HOST"
-        raise SandboxError(f"the Docker engine is unreachable at {where}: {reason}", fix) from None
+        engine.ping()
+    except LocalDockerError as e:
+        raise SandboxError(e.problem, e.fix) from None
+    return engine.client
 
 
 # ---------------------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def test_no_disk_space_is_one_clear_message(tmp_path):
 def test_engine_unreachable_is_one_clear_message(tmp_path):
     res = sparkstack("sandbox", "status", env={"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
     assert res.returncode != 0
-    assert "Docker engine is unreachable" in res.stderr and "fix:" in res.stderr
+    assert "local Docker engine does not answer at unix://" in res.stderr and "fix:" in res.stderr
     assert "Traceback" not in res.stderr + res.stdout
 
 

@@ -1,0 +1,97 @@
+"""Named facts read from a rank by one shell command each: which images it holds (by ID),
+its serving container's state, its MemAvailable. Each is a command and the parser of what it
+prints, so `ship`, `build`, `serve` and `prep` ask the same way and read the answer in one place.
+
+No SSH here: the caller runs the command (one rank, or a group of them at once) over the
+connection it holds, and hands the output to the parser.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from .facts import FactError, parse_meminfo
+
+MEMINFO_COMMAND = "cat /proc/meminfo"
+
+
+# --- image IDs ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankImage:
+    id: str
+    label: str = ""  # the value of the label asked for; "" when none was asked or the image has none
+
+
+def image_ids_command(refs: list[str], label: str | None = None) -> str:
+    """Prints `<ref> <image ID>[ <label's value>]` for each ref the rank has, nothing for one
+    it lacks; fails (the daemon's own words on stderr) when Docker does not answer."""
+    quoted = " ".join(shlex.quote(r) for r in refs)
+    fmt = "{{.Id}}" + (f' {{{{index .Config.Labels "{label}"}}}}' if label else "")
+    return (f'for r in {quoted}; do i=$(docker image inspect --format {shlex.quote(fmt)} "$r" 2>/dev/null) '
+            f"&& echo \"$r $i\"; done; docker version --format '{{{{.Server.Version}}}}' >/dev/null")
+
+
+def parse_image_ids(stdout: str) -> dict[str, RankImage]:
+    """ref -> what `image_ids_command` found; a line not `<ref> sha256:…` (a login banner) is not ours."""
+    found = {}
+    for line in stdout.splitlines():
+        ref, _, rest = line.partition(" ")
+        image_id, _, label = rest.partition(" ")
+        if image_id.startswith("sha256:"):
+            found[ref] = RankImage(image_id, label)
+    return found
+
+
+# --- the serving container ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ContainerState:
+    status: str                # Docker's words: running | exited | created | …
+    exit_code: int | None
+    oom_killed: bool
+    started_at: str | None
+    image: str | None
+    label: str | None          # the value of the label asked for
+
+
+def container_state_command(name: str, label: str) -> str:
+    """Prints `<State as JSON>\\t<label's value>\\t<image>`, or `absent` when there is no such
+    container (or no Docker that answers: the caller tells those apart by the exit status)."""
+    return ("docker inspect --format '{{json .State}}\t{{index .Config.Labels \"" + label
+            + "\"}}\t{{.Config.Image}}' " + name + " 2>/dev/null || echo absent")
+
+
+def parse_container_state(stdout: str) -> ContainerState | None:
+    """None for `absent`; FactError, quoting the line, for output of another shape."""
+    lines = stdout.strip().splitlines()
+    line = lines[-1] if lines else ""  # what a login shell prints first (a banner) is not ours
+    if line == "absent":
+        return None
+    try:
+        return _state_of(line)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON errors are ValueErrors
+        raise FactError(f"`docker inspect` printed {line!r:.200}, not the container's state ({e})") from None
+
+
+def _state_of(line: str) -> ContainerState:
+    state_json, label, image = line.split("\t")
+    state = json.loads(state_json)
+    status, code, started = state["Status"], state.get("ExitCode"), state.get("StartedAt")
+    if not isinstance(status, str) or type(code) not in (int, type(None)) \
+            or type(started) not in (str, type(None)):
+        raise ValueError("State.Status, ExitCode or StartedAt of another type")
+    return ContainerState(status, code, bool(state.get("OOMKilled")), started, image, label or None)
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+def parse_mem_available(stdout: str) -> int | None:
+    """MemAvailable in bytes from `MEMINFO_COMMAND`'s output (the probe's parser), None when
+    the output is not a /proc/meminfo."""
+    try:
+        return parse_meminfo(stdout).available
+    except FactError:
+        return None

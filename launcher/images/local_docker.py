@@ -1,0 +1,135 @@
+"""The local Docker engine ($DOCKER_HOST or the default socket): the one way the kit reaches it.
+
+`build`, `ship`, the local registry, `up` and the sandbox all go through `LocalDocker`, so they
+share its timeouts and say the same thing when the engine is away: "the local Docker engine
+does not answer at WHERE: WHY", then the fix.
+
+Image lookups go straight to the engine's socket: they are all a no-op build does, and importing
+docker-py (requests, and paramiko for ssh:// engines) costs ~0.5 s of the one second a no-op may
+take. Builds, pulls and pushes use docker-py, imported on first use. An engine not on a local
+socket (DOCKER_HOST tcp:// or ssh://) is asked through docker-py for everything.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import urllib.parse
+
+from ..errors import SparkstackError
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+DEFAULT_TIMEOUT_S = 600  # a build step or a push may stream for minutes
+LOOKUP_TIMEOUT_S = 10    # one image lookup on the socket
+
+
+class LocalDockerError(SparkstackError):
+    """The local engine did not answer, or refused a request; `problem` and `fix` apart."""
+
+    def __init__(self, problem: str, fix: str | None = None):
+        super().__init__(problem if not fix else f"{problem}\nfix: {fix}")
+        self.problem, self.fix = problem, fix
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+class LocalDocker:
+    """The local engine. `api`: docker-py's low-level client (a test may pass its own);
+    `client`: docker-py's high-level one (the sandbox's containers and networks)."""
+
+    def __init__(self, api=None, socket_path: str | None = None, timeout: float = DEFAULT_TIMEOUT_S):
+        self._api, self._client, self.timeout = api, None, timeout
+        host = os.environ.get("DOCKER_HOST", "")
+        if socket_path is None and (not host or host.startswith("unix://")):
+            socket_path = host.removeprefix("unix://") or DEFAULT_SOCKET
+        self._conn = _UnixConnection(socket_path, min(LOOKUP_TIMEOUT_S, timeout)) if socket_path else None
+
+    @property
+    def client(self):
+        """docker-py's DockerClient, created (and the engine's API version asked) on first use."""
+        if self._client is None:
+            import docker
+
+            try:
+                self._client = docker.DockerClient.from_env(timeout=int(self.timeout))
+            except docker.errors.DockerException as e:
+                raise unreachable(e) from None
+        return self._client
+
+    @property
+    def api(self):
+        """docker-py's low-level APIClient."""
+        return self._api if self._api is not None else self.client.api
+
+    def ping(self) -> None:
+        """Raise LocalDockerError unless the engine answers."""
+        try:
+            self.api.ping()
+        except LocalDockerError:
+            raise
+        except Exception as e:  # DockerException, requests' errors, OSError
+            raise unreachable(e) from None
+
+    def image_id(self, ref: str) -> str | None:
+        """The ID of image `ref` in the engine, or None if it has none by that name."""
+        if self._conn is None:
+            return self._api_image_id(ref)
+        try:
+            self._conn.request("GET", f"/images/{urllib.parse.quote(ref, safe='')}/json")
+            reply = self._conn.getresponse()
+            body = reply.read()
+        except OSError as e:
+            self._conn.close()
+            raise unreachable(e) from None
+        if reply.status == 404:
+            return None
+        if reply.status != 200:
+            raise LocalDockerError(f"docker: looking up image {ref}: {body.decode(errors='replace').strip()}")
+        return json.loads(body)["Id"]
+
+    def _api_image_id(self, ref: str) -> str | None:
+        import docker.errors
+
+        try:
+            return self.api.inspect_image(ref)["Id"]
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as e:
+            raise LocalDockerError(f"docker: looking up image {ref}: {e.explanation or e}") from None
+
+
+def connect(timeout: float = DEFAULT_TIMEOUT_S) -> LocalDocker:
+    """The local Docker engine ($DOCKER_HOST or the default socket)."""
+    return LocalDocker(timeout=timeout)
+
+
+def unreachable(e: Exception) -> LocalDockerError:
+    """The one message for an engine that does not answer: where, why in a few words, the fix."""
+    where = os.environ.get("DOCKER_HOST") or f"unix://{DEFAULT_SOCKET}"
+    text = f"{type(e).__name__}: {e}"
+    if "FileNotFoundError" in text or "No such file" in text:
+        reason = "no engine socket there"
+    elif "Connection refused" in text or "ConnectionRefused" in text:
+        reason = "connection refused"
+    elif "Permission denied" in text or "PermissionError" in text:
+        reason = "permission denied"
+    elif "timed out" in text.lower() or "timeout" in type(e).__name__.lower():
+        reason = "timed out"
+    else:
+        reason = str(e).removeprefix("Error while fetching server API version: ").strip() or type(e).__name__
+    if reason == "permission denied":
+        fix = "add yourself to the docker group (then log in again), or run as root"
+    else:
+        fix = "start the Docker engine (`sudo systemctl start docker`, or `dockerd &`) or set DOCKER_HOST"
+    return LocalDockerError(f"the local Docker engine does not answer at {where}: {reason}", fix)
