@@ -11,8 +11,8 @@ command line (`sparkstack build --json`, interpreter start-up included):
 
 and prints the ratio of the top-stage rebuild to the full build. Every image it made is removed
 at the end. Run: .venv/bin/python scripts/bench_build.py [--noop-runs N]
-It times the `sparkstack` beside that python, and borrows the stand-in base and patch files of
-tests/test_build.py and tests/test_images.py (so it needs the test extras: pytest, docker).
+It times the `sparkstack` beside that python; the stand-in base and patch files come from the
+package (launcher/sandbox/chain_fixture.py, shared with tests/test_build.py), not from tests/.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
 from launcher.images import build as build_mod  # noqa: E402
+from launcher.sandbox.chain_fixture import (PATCH_FILES, make_test_base, remove_test_images,  # noqa: E402
+                                            session_id, write_patches)
 
 SPARKSTACK = Path(sys.executable).parent / "sparkstack"  # the one installed beside this python
 EXAMPLE_CONFIG = ROOT / "env" / "cluster.example.yaml"
@@ -88,9 +90,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noop-runs", type=int, default=5)
     runs = parser.parse_args().noop_runs
-    from test_build import make_test_base, remove_test_images, session_id
-    from test_images import PATCH_FILES, write_patches
-
     client = build_mod.connect()
     session = session_id()
     try:

@@ -25,10 +25,9 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import sandbox_rank_facts
-from launcher.check import bandwidth, check
+from launcher.check import bandwidth, check, plan_inputs
 from launcher.inputs import config
 from launcher.facts import facts
-from launcher.plan import plan
 from launcher.status import Status
 from launcher.check.bandwidth import Outcome, outcome
 from launcher.cli.commands import main
@@ -239,7 +238,7 @@ def test_command_mounts_the_host_nccl_the_env_preloads(ring):
 def test_command_env_is_the_plans_serving_env(ring):
     """The probe gets exactly the env `up` gives the engine, less the API key, plus its own five."""
     envs, _ = bandwidth.rank_envs(ring.loaded, ring.facts)
-    served = plan.build(ring.loaded, facts=ring.facts)
+    served = plan_inputs.build_plan(ring.loaded, ring.facts)
     for r, rank_plan in enumerate(served.ranks):
         want = {k: v for k, v in rank_plan.env.items() if k != "VLLM_API_KEY"}
         assert envs[r] == want

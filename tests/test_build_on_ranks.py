@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from launcher.images import build as build_mod
 from launcher.images import ship
 from launcher.cli.commands import main
-from test_build import FOUR, TEST_LABEL, chain_of, loaded_for
+from test_build import FOUR, chain_of, loaded_for
 from test_build import docker_client, session, test_base  # noqa: F401 (fixtures)
-from test_images import write_patches
+from launcher.sandbox.chain_fixture import TEST_LABEL, write_patches
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,10 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
-from launcher.check import check
+from launcher.check import check, plan_inputs
 from launcher.inputs import config
 from launcher.facts import facts
 from launcher.transport import gather
-from launcher.plan import plan
 from launcher.cli.commands import main
 from launcher.facts.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
 
@@ -106,7 +105,7 @@ def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:
 def inputs(loaded, fabric_facts, overrides=None, **kw) -> check.Inputs:
     per_rank = {r: healthy(f, r, **(overrides or {}).get(r, {})) for r, f in fabric_facts.items()}
     gathered = {r: gather.RankFacts(r, f"spark{r + 1}", f, None, 0.3) for r, f in per_rank.items()}
-    inp = check.Inputs(loaded, gathered, plan.memory_need(loaded), image=IMAGE, **kw)
+    inp = check.Inputs(loaded, gathered, plan_inputs.memory_need(loaded), image=IMAGE, **kw)
     inp.targets = check.ping_targets(loaded, inp.facts)
     inp.extras = {r: check.Extras({(t.ip, df): check.PingAnswer(True, "1 received")
                                    for t in ts for df in (False, True)}, dockerd_can_raise=True)
@@ -213,7 +212,7 @@ def test_vllm_guard_warns_inside_the_margin_and_follows_the_tightest_rank(tmp_pa
     report = check.evaluate(fuller)
     assert {row(report, r, "vllm guard").status for r in range(4)} == {"pass"}
     assert row(report, 0, "vllm guard").value.startswith("--gpu-memory-utilization 0.68 (planned)")
-    built = plan.build(sandbox_config, facts=fuller.facts)
+    built = plan_inputs.build_plan(sandbox_config, fuller.facts)
     assert built.guard.utilization == 0.68 and "--gpu-memory-utilization 0.68" in " ".join(built.ranks[3].engine)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from local_probe import sandbox_rank_facts, sandbox_rank_raw
-from launcher.check import check
+from launcher.check import check, plan_inputs
 from launcher.facts import facts
 from launcher.transport import gather
 from launcher.plan import plan
@@ -137,10 +137,10 @@ def use(loaded, f: facts.Facts, others: dict) -> None:
     """What `check`, `plan` and `prep` do with a rank's facts, rank 0 being `f`."""
     by_rank = {0: f, **others}
     gathered = {r: gather.RankFacts(r, f"spark{r + 1}", x, None, 0.1) for r, x in by_rank.items()}
-    inp = check.Inputs(loaded, gathered, plan.memory_need(loaded), image="sandbox-vllm:latest")
+    inp = check.Inputs(loaded, gathered, plan_inputs.memory_need(loaded), image="sandbox-vllm:latest")
     inp.targets = check.ping_targets(loaded, inp.facts)
     check.evaluate(inp)
-    plan.build(loaded, facts=by_rank)
+    plan_inputs.build_plan(loaded, by_rank)
     prep.plan_rank(loaded, 0, f)
 
 

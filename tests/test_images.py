@@ -17,30 +17,11 @@ from launcher.inputs import config as config_mod
 from launcher.images import images
 from launcher.cli.commands import main
 from launcher.errors import ConfigError
+from launcher.sandbox.chain_fixture import PATCH_FILES, write_patches
 
 GOLDEN = ROOT / "tests" / "golden" / "dockerfiles"
 MIA = "ghcr.io/miaai-lab/glm-5.3-flash-2x-dgx-sparks:exl3"
 FOUR = ["dcp", "mul1", "v145", "keys"]
-
-# Stand-ins for the serving checkout's files (the real ones are the user's, not shipped here).
-PATCH_FILES = {
-    "sm120_dcp.py": "# test stand-in: SM120 sparse-MLA backend, decode-context-parallel\n",
-    "mla_attn_dcp.py": "# test stand-in: MLA attention with DCP KV sharding\n",
-    "exl3.py": "# test stand-in: EXL3 overlay with mul1 markers\n",
-    "sparse_attn_indexer.py": "# test stand-in: indexer with prefill top-k fallback\n",
-    "ablit_runtime.py": "# test stand-in: ablit o_proj transplant runtime\n",
-    "patch_ablit_dsv2.py": "# test stand-in: patches deepseek_v2.py to call ablit_runtime\n",
-}
-EXT_SO = b"\x7fELF exllamav3 1.4.5 (test stand-in)\n"
-
-
-def write_patches(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    for name, text in PATCH_FILES.items():
-        (path / name).write_text(text)
-    (path / "exllamav3_ext.so").write_bytes(EXT_SO)
-    return path
-
 
 @pytest.fixture
 def patches(tmp_path):

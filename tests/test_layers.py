@@ -145,3 +145,39 @@ def test_every_folder_says_what_lives_there():
     for init in sorted(PACKAGE.rglob("__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc) > 40, f"{init.relative_to(ROOT)} has no docstring"
+
+
+# launcher/plan/ derives only: what it needs from files, Docker or the ranks is read by its callers
+# (launcher/check/plan_inputs.py) and passed in. Its own templates (engine, systemd) are code.
+IMPURE_IMPORTS = ("docker", "paramiko", "subprocess", "socket", "launcher.transport", "launcher.images",
+                  "launcher.check", "launcher.apply", "launcher.cli", "launcher.sandbox")
+IMPURE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes",  # files
+                "read_shape", "split_weights", "shard_paths", "read_header",  # the checkpoint
+                "local_base_id", "chain_for", "patches_dir"}  # local Docker, the patch files
+
+
+def _called(call: ast.Call) -> str | None:
+    """`f` of `f(...)` or `x.f(...)`; `apikey.resolve` whole (it reads the key file)."""
+    f = call.func
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute):
+        owner = f.value.id if isinstance(f.value, ast.Name) else ""
+        return f"{owner}.{f.attr}" if (owner, f.attr) == ("apikey", "resolve") else f.attr
+    return None
+
+
+def test_the_plan_reads_nothing_itself():
+    """No Docker, SSH or checkpoint reads inside launcher/plan/: the caller gathers them."""
+    problems = []
+    for path in sorted((PACKAGE / "plan").rglob("*.py")):
+        where = path.relative_to(ROOT)
+        for line, module, name in imports(path):
+            target = kit_target(module, name) or module
+            if any(target == m or target.startswith(m + ".") for m in IMPURE_IMPORTS):
+                problems.append(f"{where}:{line} imports {target}")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            called = _called(node) if isinstance(node, ast.Call) else None
+            if called in IMPURE_CALLS or called == "apikey.resolve":
+                problems.append(f"{where}:{node.lineno} calls {called}()")
+    assert not problems, "launcher/plan/ must stay pure:\n" + "\n".join(problems)

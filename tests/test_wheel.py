@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_images import write_patches
+from launcher.sandbox.chain_fixture import write_patches
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a build needs, and nothing else: a build that reached for another file fails here.

@@ -15,12 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 from . import prep, serve
-from ..check import check
+from ..check import check, plan_inputs
 from ..errors import Interrupted, SparkstackError
 from ..images import build, local_docker, ship
 from ..inputs import apikey
 from ..inputs.config import Loaded
-from ..plan import plan as plan_mod
 from ..status import Status
 from ..transport import api
 from ..transport.remote import Group
@@ -140,5 +139,5 @@ def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAI
     for r in failed:
         say(f"{r.target.name}: {r.why()}")
     stopped = [c.target.rank for c in group.connections if c.target.name not in {r.target.name for r in failed}]
-    prep.wait_for_memory(group, stopped, plan_mod.memory_need(loaded).total, timeout=wait_timeout, say=say)
+    prep.wait_for_memory(group, stopped, plan_inputs.memory_need(loaded).total, timeout=wait_timeout, say=say)
     return [r.target.name for r in failed]

@@ -249,8 +249,8 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
             say: Callable[[str], None] = lambda line: None) -> PrepReport:
     """Gather, plan, apply, wait, over an open Group (what `up` calls). Unreachable ranks are
     reported, the others still prepared; the wait raises PrepError at its timeout."""
+    from ..check import plan_inputs
     from ..transport import gather
-    from ..plan import plan
 
     started = time.monotonic()
     gathered = gather.gather(group, loaded)
@@ -265,7 +265,7 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
     apply(group, preps)
     ready = [r for r, p in preps.items() if p.error is None]
     if drop and ready:
-        report.need = plan.memory_need(loaded).total
+        report.need = plan_inputs.memory_need(loaded).total
         for r, v in wait_for_memory(group, ready, report.need, timeout=wait_timeout, say=say).items():
             preps[r].mem_available = v
     report.seconds = time.monotonic() - started

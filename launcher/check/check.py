@@ -742,15 +742,15 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
 def _local_inputs(loaded: Loaded, image: str | None) -> Inputs:
     """What this host knows: the memory the plan needs and the serving image's tag and ID."""
     from ..images import build as image_build
-    from ..plan import plan
+    from . import plan_inputs
 
     inp = Inputs(loaded, {}, None)
     try:
-        inp.need = plan.memory_need(loaded)
+        inp.need = plan_inputs.memory_need(loaded)
     except SparkstackError as e:
         inp.need_error = e.message
     if image is None:
-        image, notes = plan.serving_image(loaded)
+        image, notes = image_build.serving_image(loaded)
         if image.endswith(":unbuilt"):
             image, inp.image_error = None, "; ".join(notes)
     inp.image = image
@@ -798,7 +798,7 @@ def plan_or_refuse(loaded: Loaded, group, image: str | None = None,
     """What `up` calls before starting anything: check every rank over the open Group; a failed
     row raises CheckFailed (nothing is started); else the plan made from these facts. Rows in
     `tolerate` do not stop it: by default the image, which `up` builds and ships after this."""
-    from ..plan import plan as plan_mod
+    from . import plan_inputs
 
     inp = collect(loaded, group, image)
     report = evaluate(inp)
@@ -806,4 +806,4 @@ def plan_or_refuse(loaded: Loaded, group, image: str | None = None,
     if failed:
         raise CheckFailed("check failed; nothing was started:\n" + "\n".join(
             f"rank {r.rank} ({r.host}) {c.name}: {c.value} -- fix: {c.fix}" for r, c in failed))
-    return plan_mod.build(loaded, facts=inp.facts)
+    return plan_inputs.build_plan(loaded, inp.facts)

@@ -13,7 +13,7 @@ from .. import redact
 from ..errors import SparkstackError
 from ..inputs import config as config_mod
 from ..inputs.profile import load_profile, profile_names
-from ..plan import plan as plan_mod
+from ..check import plan_inputs
 from ..status import Status
 from .console import err, friendly_errors, out
 
@@ -66,7 +66,7 @@ def plan(config_file, as_json, show_secrets, offline, profile_name):
     """
     loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     facts, note = ({}, None) if offline else _probe_for_plan(loaded)
-    result = plan_mod.build(loaded, facts=facts)
+    result = plan_inputs.build_plan(loaded, facts)
     if note:
         result.assumed.append(note)
     source = "config" if profile_name is None else "--profile"

@@ -199,6 +199,36 @@ def local_chain(loaded) -> Chain:
     return chain_for(loaded, local_base_id(base) if base else None)
 
 
+def serving_image(loaded) -> tuple[str, list[str]]:
+    """The profile's serving image ref and what had to be assumed for it: a content tag
+    (`sparkstack/<top>:<hash>`, over the base's ID when the local Docker has it), a prebuilt
+    ref, or a `:unbuilt` placeholder with the reason."""
+    from ..errors import ConfigError
+    from .images import base_name, chain_for, patches_dir
+
+    spec, base_override = loaded.profile.image, loaded.cluster.images.base
+    if spec.prebuilt:
+        return base_override or spec.prebuilt, []
+    top = spec.chain[-1] if spec.chain else "base"
+    placeholder = f"sparkstack/{top}:unbuilt"
+    try:
+        patches_dir(loaded)
+    except ConfigError:  # no patch files here: the tag cannot be computed
+        return placeholder, [f"image: {placeholder} stands for the chain's content tag, which "
+                             "`sparkstack build` computes"]
+    base = base_name(loaded)
+    base_id = local_base_id(base)
+    try:
+        chain = chain_for(loaded, base_id)
+    except ConfigError as e:
+        return placeholder, [f"image: {placeholder} stands for the chain's content tag; `sparkstack "
+                             f"build` refuses the chain: {e.problems[0]}"]
+    if base_id is None:
+        return chain.top, [f"image: the base {base} is not in the local Docker: the chain's tags hash "
+                           "its name, not its image ID (`sparkstack build` pulls it first)"]
+    return chain.top, []
+
+
 # ----------------------------------------------------------------------------------------------
 # build --on-ranks: the same chain built by every rank's Docker, over SSH (launcher.transport.remote)
 

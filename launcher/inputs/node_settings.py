@@ -20,7 +20,7 @@ import re
 
 from ..errors import SparkstackError
 
-HEADER = "# Managed by sparkstack (launcher/node_settings.py); local edits are overwritten.\n"
+HEADER = "# Managed by sparkstack (launcher/inputs/node_settings.py); local edits are overwritten.\n"
 
 SYSCTL_FILE = "/etc/sysctl.d/90-sparkstack.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-sparkstack.conf"

@@ -2,6 +2,7 @@
 the KV sizing (kv); and what else is derived from the config alone: the Ansible inventory and the
 systemd unit.
 
-Derivation only, nothing here changes a rank. May import `launcher.inputs`, `launcher.facts` and
-`launcher.images` (the chain's content tag, for the serving image's name).
+Derivation only: nothing here changes a rank, reads a file beyond its own templates, asks Docker
+or opens SSH; the callers gather those inputs (launcher/check/plan_inputs.py) and pass them in.
+May import `launcher.inputs` and `launcher.facts` (their types and pure parsers) only.
 """

@@ -31,7 +31,7 @@ PYTHON = "/usr/bin/python3"  # DGX OS and Debian both have it; naming it skips i
 
 HEADER = ("# Ansible inventory for ansible/spark.yml, written by `sparkstack ansible-inventory`\n"
           "# from the cluster config. Regenerate it after editing cluster.yaml or\n"
-          "# launcher/node_settings.py rather than editing it.\n")
+          "# launcher/inputs/node_settings.py rather than editing it.\n")
 
 
 JINJA = ("{{", "{%", "{#")

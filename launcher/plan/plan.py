@@ -1,21 +1,21 @@
 """The plan: per rank the environment, the `docker run` argv and the engine argv, and the KV sizing.
 
-Pure data computed from the config, the profile and (when given) what was read of the
-checkpoint and the ranks; nothing here touches a rank. Every input that had to be defaulted is
-listed in `assumed`, so a plan made without the cluster says what it took on trust.
+Pure data computed from the config, the profile and what the caller read beforehand (`Gathered`:
+the checkpoint, the serving image's tag, the API key, the ranks' facts; launcher/check/plan_inputs.py
+reads them). Nothing here reads a file, asks Docker or touches a rank. Every input that had to be
+defaulted is listed in `assumed`, so a plan made without the cluster says what it took on trust.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import engine, kv
 from .. import redact
 from ..errors import ConfigError, PlanRefused, SparkstackError
 from ..facts import fabric
-from ..facts.checkpoint import CheckpointError, ModelShape, WeightSplit, read_shape, split_weights
+from ..facts.checkpoint import ModelShape, WeightSplit
 from ..facts.facts import Facts
 from ..inputs import apikey, vllm_flags, vllm_guard
 from ..inputs.config import Cluster, ContainerSettings, Loaded, rendezvous
@@ -40,6 +40,19 @@ class ModelFacts:
 
     shape: ModelShape
     weights: WeightSplit | None  # None: the profile's per-rank figure is used
+    assumed: tuple[str, ...] = ()  # what could not be read and was taken from the profile
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What the plan needs beyond the config and the profile, read by the caller
+    (launcher/check/plan_inputs.py): the plan itself reads no file and asks no Docker."""
+
+    model: ModelFacts
+    image: str  # the serving image's ref (a content tag, a prebuilt ref or a `:unbuilt` placeholder)
+    key: apikey.ApiKey  # the API's key as kept on this host
+    facts: dict[int, Facts] = field(default_factory=dict)  # rank -> the probe's Facts
+    image_assumed: tuple[str, ...] = ()  # what the image's ref had to assume
 
 
 @dataclass(frozen=True)
@@ -100,44 +113,32 @@ class Plan:
         }
 
 
-def read_model(loaded: Loaded, tp: int, pp: int, assumed: list[str]) -> ModelFacts:
-    """The checkpoint as seen from here, else the profile's seed figures (noted in `assumed`)."""
-    model_dir = Path(loaded.cluster.model.path)
-    profile = loaded.profile
-    try:
-        shape = read_shape(model_dir)
-    except CheckpointError as e:
-        assumed.append(f"model shape: profile {profile.name}'s figures ({e})")
-        return ModelFacts(profile.shape(), None)
-    try:
-        return ModelFacts(shape, split_weights(model_dir, shape, tp, pp))
-    except CheckpointError as e:
-        assumed.append(f"weights per rank: profile {profile.name}'s figures ({e})")
-        return ModelFacts(shape, None)
+def parallelism(loaded: Loaded) -> tuple[int, int]:
+    """(tensor-parallel, pipeline-parallel) sizes: the flags' values, else TP over every rank."""
+    flags = loaded.flags
+    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(loaded.cluster.ranks))
+    return tp, int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
 
 
-def build(loaded: Loaded, model: ModelFacts | None = None,
-          facts: dict[int, Facts] | None = None, key: apikey.ApiKey | None = None) -> Plan:
-    """The whole plan. `model` and `facts` (rank -> the probe's Facts) come from the cluster
-    when it is reachable; without them the plan falls back on documented defaults. Facts supply
-    each rank's memory (KV sizing, vLLM's startup guard) and its own fabric environment
-    (launcher.facts.fabric). `key`: the API's key, by default as kept on this host (read, never made)."""
+def build(loaded: Loaded, inputs: Gathered) -> Plan:
+    """The whole plan from what the caller gathered. Without the ranks' facts the plan falls
+    back on documented defaults. Facts supply each rank's memory (KV sizing, vLLM's startup
+    guard) and its own fabric environment (launcher.facts.fabric)."""
     cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
     assumed: list[str] = []
-    key = key or apikey.resolve(loaded)
+    key, facts, model = inputs.key, inputs.facts, inputs.model
     if key.source == apikey.NOT_YET:
         assumed.append(f"API key: {key.describe()}; not in this plan")
-    facts = facts or {}
     memory = rank_memory(loaded, facts, assumed)
-    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
-    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
-    model = model or read_model(loaded, tp, pp, assumed)
+    tp, _ = parallelism(loaded)
+    assumed += model.assumed
     sizing = _size_kv(loaded, model, memory, assumed)
     guard = memory_guard(loaded, memory) if profile.engine == "vllm" else None
     if guard and guard.utilization is None:
         raise PlanRefused(f"profile {profile.name} cannot start: {guard.note}. Free memory on that "
                           "rank (sparkstack prep) or lower overrides.runtime_overhead_gib")
-    image = _image(loaded, assumed)
+    image = inputs.image
+    assumed += inputs.image_assumed
     fabric_env = fabric_envs(loaded, facts, assumed)  # NCCL's pins, whatever the engine
     managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
         vllm_flags.value(flags, "tensor_parallel_size") is None else []
@@ -191,16 +192,13 @@ def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> 
     return envs
 
 
-def memory_need(loaded: Loaded, model: ModelFacts | None = None) -> MemoryNeed:
+def memory_need(loaded: Loaded, model: ModelFacts) -> MemoryNeed:
     """The least MemAvailable a rank must have for this profile to start: its weights, the
     runtime overhead, the headroom and the smallest KV cache the plan accepts (the profile's
     fixed --kv-cache-memory-bytes, else one --max-model-len sequence, else one token).
     Never refuses: `check` and `prep` compare each rank's memory against it."""
     cluster, profile, flags = loaded.cluster, loaded.profile, loaded.flags
-    assumed: list[str] = []
-    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(cluster.ranks))
-    pp = int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
-    model = model or read_model(loaded, tp, pp, assumed)
+    assumed: list[str] = list(model.assumed)
     mtp = _mtp_enabled(flags)
     dcp = int(vllm_flags.value(flags, "decode_context_parallel_size") or 1)
     weights = _weights(loaded, model, mtp, assumed)
@@ -301,42 +299,6 @@ def _mtp_enabled(flags: list[vllm_flags.Flag]) -> bool:
     except (json.JSONDecodeError, AttributeError):
         return False
     return "mtp" in str(method)
-
-
-def serving_image(loaded: Loaded) -> tuple[str, list[str]]:
-    """The profile's serving image ref and what had to be assumed for it: a content tag
-    (`sparkstack/<top>:<hash>`), a prebuilt ref, or a `:unbuilt` placeholder with the reason."""
-    notes: list[str] = []
-    return _image(loaded, notes), notes
-
-
-def _image(loaded: Loaded, assumed: list[str]) -> str:
-    spec, base_override = loaded.profile.image, loaded.cluster.images.base
-    if spec.prebuilt:
-        return base_override or spec.prebuilt
-    from ..images import build as image_build, images  # content tags; Docker only for the base's ID
-    from ..errors import ConfigError
-
-    top = spec.chain[-1] if spec.chain else "base"
-    placeholder = f"sparkstack/{top}:unbuilt"
-    try:
-        images.patches_dir(loaded)
-    except ConfigError:  # no patch files here: the tag cannot be computed
-        assumed.append(f"image: {placeholder} stands for the chain's content tag, which "
-                       "`sparkstack build` computes")
-        return placeholder
-    base = images.base_name(loaded)
-    base_id = image_build.local_base_id(base)
-    try:
-        chain = images.chain_for(loaded, base_id)
-    except ConfigError as e:
-        assumed.append(f"image: {placeholder} stands for the chain's content tag; `sparkstack "
-                       f"build` refuses the chain: {e.problems[0]}")
-        return placeholder
-    if base_id is None:
-        assumed.append(f"image: the base {base} is not in the local Docker: the chain's tags hash "
-                       "its name, not its image ID (`sparkstack build` pulls it first)")
-    return chain.top
 
 
 def _host_ip(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> str:

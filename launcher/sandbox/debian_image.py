@@ -312,7 +312,7 @@ STANDIN_PACKAGE = {
 # The stand-in `tensorfold` package: `python3 -m tensorfold.cli` runs standin_tensorfold.py, as
 # TensorFold's image runs its CLI.
 TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbox): not TensorFold.\n'
-                   b'tensorfold/cli.py is launcher/sandbox/standin_tensorfold.py."""\n'
+                   b'tensorfold/cli.py is launcher/sandbox/standins/standin_tensorfold.py."""\n'
                    b'__version__ = "0.6.5"\n')
 # Stand-in modules installed side by side in dist-packages: the TensorFold stand-in imports the
 # vLLM stand-in's HTTP engine and standin_dist's cluster forming.

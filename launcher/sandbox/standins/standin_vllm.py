@@ -99,7 +99,7 @@ def log(msg: str, level: str = "INFO") -> None:
 
 # ---------------------------------------------------------------- argv, like FlexibleArgumentParser
 # Each option's "value" entry in the table says how vLLM converts its values (the format is in
-# launcher/vllm_flags.py); the functions below are vLLM's, named as vLLM names them, because
+# launcher/inputs/vllm_flags.py); the functions below are vLLM's, named as vLLM names them, because
 # argparse puts a converter's name (or, in vLLM's wrappers, its repr) in its messages.
 
 PYDANTIC_DOCS = "https://errors.pydantic.dev/2.14/v/"  # vLLM 0.33's pydantic, in its messages
