@@ -319,7 +319,7 @@ def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda lin
 
     own = group is None
     if own:
-        group = remote.Group.for_cluster(loaded.cluster)
+        group = remote.Group.for_cluster(loaded.cluster, say=say)
     try:
         probes = {r.target.rank: r for r in group.run(_probe_command(chain), timeout=60).results}
         have = {rank: _parse_probe(r.stdout) for rank, r in probes.items() if r.ok}
