@@ -81,6 +81,33 @@ def test_ship_takes_the_profile_flag(tmp_path):
     assert "error: image pollard-vllm:local is not on this host" in result.output
 
 
+def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
+    """`status` as a log or a pipe gets it (80 columns): a rank's long reason for being
+    unreachable stays on its rank's line, last, and pushes the image column of the others
+    aside no further than their own states; no line ends in blanks. --json is unchanged."""
+    import contextlib
+    from launcher.apply import deploy, serve
+    from launcher.transport import api
+    from test_check import sandbox_cluster
+
+    why = "rank 3 (spark4): unreachable (connection refused): " + ("the [bold]rank's sshd[/] is down " * 4).rstrip()
+    states = [serve.RankState(0, "172.31.240.11", "absent"),
+              serve.RankState(1, "172.31.240.12", "running", image="img:1", started_at="2026-01-01T00:00:00Z"),
+              serve.RankState(2, "172.31.240.13", "exited", image="img:1", exit_code=3),
+              serve.RankState(3, "172.31.240.14", "unreachable", error=why)]
+    monkeypatch.setattr(deploy, "group_for", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(serve, "states", lambda group: states)
+    monkeypatch.setattr(api, "health", lambda ep: False)
+    cfg = str(sandbox_cluster(tmp_path).path)
+    lines = cli("status", "-c", cfg).output.splitlines()
+    assert lines[:4] == ["rank 0 172.31.240.11  absent",
+                         "rank 1 172.31.240.12  running             img:1  since 2026-01-01T00:00:00Z",
+                         "rank 2 172.31.240.13  exited with code 3  img:1",
+                         f"rank 3 172.31.240.14  unreachable                {why}"]
+    assert lines[4] == "API http://172.31.240.11:8888: not answering" and len(lines) == 5
+    assert json.loads(cli("status", "-c", cfg, "--json").output)["ranks"] == [s.to_json() for s in states]
+
+
 # --- on the sandbox -----------------------------------------------------------------------------
 
 def engine_on(sandbox, name: str, script: str, detach: bool = True) -> None:

@@ -72,21 +72,6 @@ def needle_table(results: Results) -> Table:
     return table
 
 
-def print_results(console, results: Results) -> None:
-    if results.cells:
-        console.print(tok_s_table(results))
-    if results.needles:
-        console.print(needle_table(results))
-    for note in results.notes():
-        console.print(f"[yellow]note:[/] {note}")
-    kept = "the results above are what completed" if results.cells or results.needles else \
-        "nothing had completed"
-    if results.status == Status.INTERRUPTED:
-        console.print(f"[yellow]stopped by Ctrl+C:[/] {kept}")
-    elif results.status == Status.FAILED:
-        console.print(f"[yellow]the run failed:[/] {kept}")
-
-
 def stem(results: Results) -> str:
     started = time.strptime(results.started_at, "%Y-%m-%dT%H:%M:%SZ")
     return "sparkstack-bench-" + time.strftime("%Y%m%d-%H%M%S", started)

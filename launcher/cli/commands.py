@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -15,7 +16,7 @@ from ..inputs import config as config_mod
 from ..inputs.profile import load_profile, profile_names
 from ..check import plan_inputs
 from ..status import Status
-from .console import err, friendly_errors, out
+from .console import err, friendly_errors, make_table, out, plain, print_table
 
 config_option = click.option(
     "-c", "--config", "config_file", metavar="PATH",
@@ -24,6 +25,31 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON f
 profile_option = click.option(
     "--profile", "profile_name", metavar="NAME",
     help="use this profile instead of the config's `profile:` (`sparkstack profiles` lists them)")
+
+
+def trust_option(when: str = ""):
+    """--trust-new-hosts; `when` says when it applies, if not always."""
+    return click.option("--trust-new-hosts", is_flag=True,
+                        help=f"{when}accept and record host keys not yet in known_hosts")
+
+
+def with_cluster(profile: bool = False):
+    """Put right under @main.command(): adds -c/--config (and --profile, where a command takes
+    one) and hands the command `loaded`, the config read and cross-checked, instead; failures,
+    the config's and the command's, end as friendly_errors ends them."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(config_file, profile_name=None, **kwargs):
+            return fn(config_mod.load(config_mod.config_path(config_file), profile_name), **kwargs)
+
+        run = friendly_errors(run)
+        if profile:  # listed last in --help, as it always was
+            profile_option(run)
+            run.__click_params__.insert(0, run.__click_params__.pop())
+        return config_option(run)  # listed first
+
+    return decorate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,15 +68,13 @@ def main():
 
 
 @main.command()
-@config_option
+@with_cluster(profile=True)
 @json_option
 @click.option("--show-secrets", is_flag=True,
               help="print the API key and secret-looking env values (*TOKEN*, *KEY*, ...) instead of ***")
 @click.option("--offline", is_flag=True,
               help="do not probe the ranks: plan from the config and the profile alone")
-@profile_option
-@friendly_errors
-def plan(config_file, as_json, show_secrets, offline, profile_name):
+def plan(loaded, as_json, show_secrets, offline):
     """Show what `up` would run on every rank, touching nothing.
 
     Per rank: the environment, the `docker run` argv, the engine argv (after `vllm serve`), and
@@ -64,12 +88,11 @@ def plan(config_file, as_json, show_secrets, offline, profile_name):
     --show-secrets; `plan` reads the API key `up` generates but never makes it.
     --profile NAME plans NAME instead of the config's profile (so do build, ship and up).
     """
-    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     facts, note = ({}, None) if offline else _probe_for_plan(loaded)
     result = plan_inputs.build_plan(loaded, facts)
     if note:
         result.assumed.append(note)
-    source = "config" if profile_name is None else "--profile"
+    source = "config" if click.get_current_context().params["profile_name"] is None else "--profile"
     data = {"profile": {"name": loaded.profile.name, "source": source},
             **result.to_json(reveal_secrets=show_secrets)}
     if as_json:
@@ -230,13 +253,28 @@ def bench(config_file, as_json, url, api_key, model, tasks, concurrency, max_tok
     if as_json:
         click.echo(json.dumps(results.to_json(), indent=2))
     else:
-        bench_report.print_results(out, results)
+        _print_bench(bench_report, results)
     for path in paths:
         err.print(f"wrote {path}")
     if results.status == Status.FAILED:
         raise bench_mod.BenchError(results.error)
     if results.status == Status.INTERRUPTED:
         sys.exit(130)
+
+
+def _print_bench(bench_report, results) -> None:
+    if results.cells:
+        out.print(bench_report.tok_s_table(results))
+    if results.needles:
+        out.print(bench_report.needle_table(results))
+    for note in results.notes():
+        out.print(f"[yellow]note:[/] {note}")
+    kept = "the results above are what completed" if results.cells or results.needles else \
+        "nothing had completed"
+    if results.status == Status.INTERRUPTED:
+        out.print(f"[yellow]stopped by Ctrl+C:[/] {kept}")
+    elif results.status == Status.FAILED:
+        out.print(f"[yellow]the run failed:[/] {kept}")
 
 
 def _bench_config(config_file, url):
@@ -264,7 +302,7 @@ def _measure_with_progress(bench_mod, target, settings):
 
 
 @main.command()
-@config_option
+@with_cluster(profile=True)
 @json_option
 @click.option("--render-only", "render_dir", metavar="DIR", type=click.Path(file_okay=False),
               help="write each stage's build context (Dockerfile + files) under DIR/<stage>/ "
@@ -272,11 +310,8 @@ def _measure_with_progress(bench_mod, target, settings):
 @click.option("-v", "--verbose", is_flag=True, help="print Docker's build output as it comes")
 @click.option("--on-ranks", is_flag=True,
               help="build the chain on every rank's Docker over SSH instead (each rank needs the base)")
-@click.option("--trust-new-hosts", is_flag=True,
-              help="with --on-ranks: accept and record host keys not yet in known_hosts")
-@profile_option
-@friendly_errors
-def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts, profile_name):
+@trust_option(when="with --on-ranks: ")
+def build(loaded, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
     """Build the profile's image chain (e.g. dcp → mul1 → v145 → keys) on the local Docker.
 
     \b
@@ -295,7 +330,6 @@ def build(config_file, as_json, render_dir, verbose, on_ranks, trust_new_hosts, 
     from ..images import images as images_mod
     from ..images import local_docker
 
-    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     base = images_mod.base_name(loaded)
     # every check before anything is built; the base's ID (a lookup) only when Docker has it
     chain = build_mod.local_chain(loaded)
@@ -328,11 +362,9 @@ def _build_on_ranks(build_mod, loaded, chain, as_json: bool, trust_new_hosts: bo
     if as_json:
         click.echo(json.dumps({"ranks": [r.to_json() for r in ranks]}, indent=2))
     else:
-        for r in ranks:
-            built = sum(s["built"] for s in r.stages)
-            out.print(f"rank {r.rank} {r.host:<16} {r.status:<10} {built} of {len(chain.stages)} "
-                      f"stages built ({r.seconds:.1f} s)" + (f"\n  {r.error}" if r.error else ""),
-                      markup=False)
+        _print_ranks([(r.rank, r.host, r.status, f"{sum(s['built'] for s in r.stages)} of "
+                       f"{len(chain.stages)} stages built ({r.seconds:.1f} s)") for r in ranks],
+                     [r.error for r in ranks])
     failed = [r for r in ranks if r.status == Status.FAILED]
     if failed:
         raise build_mod.BuildError(f"build failed on {len(failed)} of {len(ranks)} ranks "
@@ -344,11 +376,13 @@ def _print_build(as_json: bool, stages: list[dict], summary: str = "") -> None:
     if as_json:
         click.echo(json.dumps({"stages": stages}, indent=2))
         return
+    rows = make_table()
     for s in stages:
         state = "" if "built" not in s else ("built" if s["built"] else "up to date")
         timing = f" {s['seconds']:.1f}s" if s.get("built") else ""
         where = f"→ {s['dockerfile']}" if "dockerfile" in s else ""
-        out.print(f"{s['name']:<8} {s['tag']}  {state}{timing}{where}")
+        rows.add_row(plain(s["name"]), plain(s["tag"]), plain(f"{state}{timing}{where}"))
+    print_table(rows)
     if summary:
         out.print(summary)
 
@@ -391,17 +425,15 @@ class _BuildDisplay:
 
 
 @main.command()
-@config_option
+@with_cluster(profile=True)
 @json_option
 @click.option("--image", "refs", multiple=True, metavar="REF",
               help="ship this image (repeatable; default: the profile's serving image)")
 @click.option("--dry-run", is_flag=True, help="say which rank lacks what, move nothing")
-@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@trust_option()
 @click.option("--relay", is_flag=True,
               help="ranks pull from a cache on rank 0: the uplink carries each blob twice, not once per rank")
-@profile_option
-@friendly_errors
-def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay, profile_name):
+def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay):
     """Send every rank the images it lacks, and only those.
 
     \b
@@ -419,7 +451,6 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay, profile_na
     from ..transport import remote
     from ..images import ship as ship_mod
 
-    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     refs = refs or [build_mod.local_chain(loaded).top]
     ids = ship_mod.local_image_ids(list(refs))  # Docker's socket, without docker-py
     with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
@@ -431,17 +462,20 @@ def ship(config_file, as_json, refs, dry_run, trust_new_hosts, relay, profile_na
     if as_json:
         click.echo(json.dumps({"ranks": rows}, indent=2))
     else:
-        for r in rows:
-            what = ", ".join(r["images"]) or "nothing"
-            line = f"rank {r['rank']} {r['host']:<16} {r['status']:<10} {what}"
-            if r["status"] == Status.SHIPPED:
-                line += f" ({r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s)"
-            out.print(line + (f"\n  {r['error']}" if r["error"] else ""), markup=False)
+        _print_ranks([(r["rank"], r["host"], r["status"], _what_shipped(r)) for r in rows],
+                     [r["error"] for r in rows])
     failed = [r for r in shipment.ranks if r.status == Status.FAILED]
     if failed:
         raise SparkstackError(f"ship failed on {len(failed)} of {len(rows)} ranks "
                               f"({', '.join(f'rank {r.rank}' for r in failed)}); fix the cause above "
                               "and re-run `sparkstack ship`: only what is missing moves")
+
+
+def _what_shipped(rank: dict) -> str:
+    what = ", ".join(rank["images"]) or "nothing"
+    if rank["status"] == Status.SHIPPED:
+        what += f" ({rank['bytes'] / 1e6:.1f} MB, {rank['seconds']:.1f} s)"
+    return what
 
 
 @main.command("registry-prune")
@@ -461,11 +495,10 @@ def registry_prune():
 
 
 @main.command("ansible-inventory")
-@config_option
+@with_cluster()
 @click.option("--format", "fmt", type=click.Choice(["ini", "yaml"]), default="ini",
               show_default=True, help="inventory file format")
-@friendly_errors
-def ansible_inventory(config_file, fmt):
+def ansible_inventory(loaded, fmt):
     """Print an Ansible inventory of the ranks for ansible/spark.yml.
 
     \b
@@ -477,23 +510,16 @@ def ansible_inventory(config_file, fmt):
     """
     from ..plan import inventory
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     click.echo(inventory.render(loaded.cluster, fmt), nl=False)
 
 
-trust_option = click.option("--trust-new-hosts", is_flag=True,
-                            help="accept and record host keys not yet in known_hosts")
-
-
 @main.command()
-@config_option
-@trust_option
+@with_cluster(profile=True)
+@trust_option()
 @click.option("--restart", is_flag=True, help="start again even if already running as planned")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started")
-@profile_option
-@friendly_errors
-def up(config_file, trust_new_hosts, restart, wait_timeout, profile_name):
+def up(loaded, trust_new_hosts, restart, wait_timeout):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
 
@@ -506,7 +532,6 @@ def up(config_file, trust_new_hosts, restart, wait_timeout, profile_name):
     """
     from ..apply import deploy
 
-    loaded = config_mod.load(config_mod.config_path(config_file), profile_name)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     with deploy.group_for(loaded, trust_new_hosts, say) as group:
         report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
@@ -529,14 +554,12 @@ def _say_how_to_authenticate(loaded) -> None:
 
 
 @main.command()
-@config_option
-@trust_option
-@friendly_errors
-def down(config_file, trust_new_hosts):
+@with_cluster()
+@trust_option()
+def down(loaded, trust_new_hosts):
     """Stop and remove the serving container on every rank (fine when nothing runs)."""
     from ..apply import deploy
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     with deploy.group_for(loaded, trust_new_hosts, say) as group:
         failed = deploy.down(loaded, group, say)
@@ -546,16 +569,14 @@ def down(config_file, trust_new_hosts):
 
 
 @main.command()
-@config_option
+@with_cluster()
 @json_option
-@trust_option
-@friendly_errors
-def status(config_file, as_json, trust_new_hosts):
+@trust_option()
+def status(loaded, as_json, trust_new_hosts):
     """Per rank: the serving container's state and uptime, its image, and the API on rank 0."""
     from ..transport import api
     from ..apply import deploy, serve
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
     ep = api.endpoint(loaded)
@@ -563,29 +584,32 @@ def status(config_file, as_json, trust_new_hosts):
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        width = max([12] + [len(s.describe()) for s in states if s.image])  # the image column lines up
-        for s in states:
-            out.print(f"rank {s.rank} {s.host:<16} {s.describe():<{width}} {s.image or ''}"
-                      + (f"  since {s.started_at}" if s.state == "running" else ""), markup=False)
+        _print_ranks([_status_row(s) for s in states])
         out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
     if all(s.state == "unreachable" for s in states):
         raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
 
 
+def _status_row(s) -> tuple:
+    """A rank's row; why a rank is unreachable (or unknown) goes last, where a long text pushes
+    no other column aside."""
+    if s.state in ("unreachable", "unknown"):
+        return s.rank, s.host, s.state, s.image, s.describe()
+    return s.rank, s.host, s.describe(), s.image, f"since {s.started_at}" if s.state == "running" else ""
+
+
 @main.command()
-@config_option
-@trust_option
+@with_cluster()
+@trust_option()
 @click.option("--rank", "rank", type=int, default=0, show_default=True, help="whose logs")
 @click.option("-f", "--follow", is_flag=True, help="keep printing; Ctrl+C detaches, the model keeps running")
 @click.option("--tail", type=click.IntRange(min=0), default=100, show_default=True, help="lines of history")
-@friendly_errors
-def logs(config_file, trust_new_hosts, rank, follow, tail):
+def logs(loaded, trust_new_hosts, rank, follow, tail):
     """Show a rank's serving container log."""
     from ..apply import deploy
     from ..plan.plan import CONTAINER_NAME
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     if not 0 <= rank < len(loaded.cluster.ranks):  # bad input: exit 2, as click's own checks
         raise click.BadParameter(f"{rank}: the config has ranks 0..{len(loaded.cluster.ranks) - 1}",
                                  param_hint="'--rank'")
@@ -598,24 +622,21 @@ def logs(config_file, trust_new_hosts, rank, follow, tail):
 
 
 @main.command()
-@config_option
+@with_cluster()
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True)
-@friendly_errors
-def wait(config_file, wait_timeout):
+def wait(loaded, wait_timeout):
     """Wait until rank 0's API answers: /health, then /v1/models, then one short completion."""
     from ..transport import api
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     ep = api.endpoint(loaded)
     seconds = api.wait_ready(ep, wait_timeout, say=lambda line: err.print(line, markup=False))
     out.print(f"{ep.url} serves {ep.model} ({seconds:.1f} s)")
 
 
 @main.command("api-key")
-@config_option
+@with_cluster()
 @json_option
-@friendly_errors
-def api_key(config_file, as_json):
+def api_key(loaded, as_json):
     """Print the key rank 0's API asks for (generated the first time).
 
     
@@ -631,7 +652,6 @@ def api_key(config_file, as_json):
     from ..transport import api
     from ..inputs import apikey
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     key = apikey.resolve(loaded, create=True)
     url = api.endpoint(loaded).url + "/v1"
     if as_json:
@@ -665,15 +685,14 @@ def _probe_for_plan(loaded):
 
 
 @main.command()
-@config_option
+@with_cluster()
 @json_option
 @click.option("-v", "--verbose", is_flag=True, help="show every row's value, not only the problems")
-@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
+@trust_option()
 @click.option("--bandwidth", is_flag=True,
               help="also measure the fabric: an NCCL all-reduce in the serving image on every rank at "
                    "once (~30 s, GPU and fabric busy), bus bandwidth against the expected figure")
-@friendly_errors
-def check(config_file, as_json, verbose, trust_new_hosts, bandwidth):
+def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
     """Preflight every rank, read-only: one table of rank × check.
 
     \b
@@ -693,7 +712,6 @@ def check(config_file, as_json, verbose, trust_new_hosts, bandwidth):
     """
     from ..check import check as check_mod
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
@@ -706,18 +724,13 @@ _STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", 
 
 
 def _print_check(check_mod, report, verbose: bool) -> None:
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    table.add_column("check")
-    for r in report.ranks:
-        table.add_column(f"{r.rank} {r.host}")
+    table = make_table("check", *(f"{r.rank} {r.host}" for r in report.ranks))
     cells = {(r.rank, c.name): c.status for r in report.ranks for c in r.checks}
     for name in (*check_mod.ORDER, *check_mod.OPTIONAL):
         if any((r.rank, name) in cells for r in report.ranks):
             table.add_row(name, *(_STATUS_STYLE.get(cells.get((r.rank, name)), "[dim]-[/]")
                                   for r in report.ranks))
-    out.print(table)
+    print_table(table)
     for r in report.ranks:
         for c in r.checks:
             if verbose or c.status != Status.PASS:
@@ -731,14 +744,13 @@ def _print_check(check_mod, report, verbose: bool) -> None:
 
 
 @main.command()
-@config_option
+@with_cluster()
 @json_option
 @click.option("--no-drop", is_flag=True, help="set sysctls and mounts only; keep the page cache")
 @click.option("--wait-timeout", type=click.FloatRange(min=1), default=120, show_default=True,
               help="seconds to wait for MemAvailable to come back after dropping caches")
-@click.option("--trust-new-hosts", is_flag=True, help="accept and record host keys not yet in known_hosts")
-@friendly_errors
-def prep(config_file, as_json, no_drop, wait_timeout, trust_new_hosts):
+@trust_option()
+def prep(loaded, as_json, no_drop, wait_timeout, trust_new_hosts):
     """Prepare every rank for serving after a boot (idempotent, all ranks in parallel).
 
     \b
@@ -753,44 +765,59 @@ def prep(config_file, as_json, no_drop, wait_timeout, trust_new_hosts):
     """
     from ..apply import prep as prep_mod
 
-    loaded = config_mod.load(config_mod.config_path(config_file))
     report = prep_mod.run(loaded, trust_new=trust_new_hosts, drop=not no_drop,
                           wait_timeout=wait_timeout,
                           say=lambda line: err.print(line, markup=False, highlight=False))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        for r in report.ranks:
-            out.print(f"rank {r.rank} {r.host}", markup=False)
-            if r.error:
-                out.print(f"  [bold red]error:[/] {r.error}")
-                continue
-            for label, items in (("changed", r.changed), ("already set", r.already), ("FAILED", r.failed)):
-                if items:
-                    out.print(f"  {label}: {', '.join(items)}", markup=False)
-            if r.mem_available is not None:
-                out.print(f"  MemAvailable {r.mem_available / 2**30:.1f} GiB", markup=False)
+        _print_prep(report)
     if not report.ok:
         bad = [f"rank {r.rank}" for r in report.ranks if r.error or r.failed]
         raise SparkstackError(f"prep failed on {', '.join(bad)}: see the lines above; fix and re-run "
                               "`sparkstack prep` (what is already set is left alone)")
 
 
+def _print_prep(report) -> None:
+    rows = make_table("rank", "changed", "already set", "FAILED", "MemAvailable")
+    for r in report.ranks:
+        mem = "" if r.mem_available is None else f"{r.mem_available / 2**30:.1f} GiB"
+        rows.add_row(*map(plain, (f"{r.rank} {r.host}", ", ".join(r.changed), ", ".join(r.already),
+                                  ", ".join(r.failed), mem)))
+    print_table(rows)
+    _print_errors([r.error for r in report.ranks])
+
+
+def _print_ranks(rows, errors=()) -> None:
+    """A per-rank table without a header, its first column `rank R HOST` (what the other cells
+    are needs no naming), then each rank's error."""
+    table = make_table()
+    for rank, host, *cells in rows:
+        table.add_row(plain(f"rank {rank} {host}"), *map(plain, cells))
+    print_table(table)
+    _print_errors(errors)
+
+
+def _print_errors(errors) -> None:
+    """Each rank's error under its table (its text names the rank)."""
+    for error in filter(None, errors):
+        out.print("  [bold red]error:[/] ", end="")
+        out.print(error, markup=False)
+
+
 @main.command("systemd-unit")
-@config_option
+@with_cluster()
 @click.option("--user", default=None, help="who runs it (default: you)")
 @click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
               help="seconds `up` waits for the API")
-@friendly_errors
-def systemd_unit(config_file, user, timeout):
+def systemd_unit(loaded, user, timeout):
     """Print a systemd unit that runs `sparkstack up` on this control host after every boot."""
     import getpass
     import pathlib
 
     from ..plan import systemd_unit
 
-    path = config_mod.config_path(config_file).resolve()
-    loaded = config_mod.load(path)
+    path = loaded.path.resolve()
     click.echo(systemd_unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
                                    user=user or getpass.getuser(), workdir=path.parent, config=path,
                                    sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python

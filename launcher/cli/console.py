@@ -10,12 +10,38 @@ import sys
 import threading
 
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from .. import redact
 from ..errors import SparkstackError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
+
+
+def make_table(*headers: str) -> Table:
+    """The one style of every per-rank table: no box, two spaces between columns, a bold header
+    row when `headers` name the columns (else the columns come with the first row)."""
+    made = Table(box=None, pad_edge=False, show_header=bool(headers), header_style="bold")
+    for header in headers:
+        made.add_column(header)
+    return made
+
+
+def plain(value) -> Text:
+    """A cell shown as it is: a host, an error or a value is never read as rich markup."""
+    return Text("" if value is None else str(value))
+
+
+def print_table(table: Table, console: Console = out) -> None:
+    """`table` at its natural width, each row one line with no trailing blanks, whatever the
+    terminal's width: a log file, a pipe or a test reads one line per rank."""
+    options = console.options.update(width=10_000, no_wrap=True)
+    for line in console.render_lines(table, options, pad=False):
+        text = Text.assemble(*((s.text, s.style) for s in line if not s.control))
+        text.rstrip()
+        console.print(text)
 
 
 def friendly(interrupted: str = "interrupted"):

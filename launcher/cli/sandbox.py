@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .console import err, friendly, out
+from .console import err, friendly, make_table, out, plain, print_table
 
 _friendly = friendly("interrupted; `sparkstack sandbox up` again resumes, "
                      "`sparkstack sandbox down` cleans up")
@@ -45,10 +45,20 @@ def up(state_dir, ranks, topology, as_json):
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    for r in result["ranks"]:
-        out.print(f"{r['name']}  {r['user']}@{r['address']}:{r['port']}  docker {r['docker']}")
+    _print_ranks(result["ranks"])
     out.print(f"ready in {result['seconds']} s, cabled as a {result['topology']}; the cluster config is:")
     click.echo(result["config"])
+
+
+def _print_ranks(ranks, colour: bool = False) -> None:
+    """A row per rank: its name, login and whether its dockerd answers (in colour for status)."""
+    table = make_table()
+    for r in ranks:
+        docker = plain(f"docker {r['docker']}")
+        if colour:
+            docker.stylize("green" if r["docker"] == "running" else "red", len("docker "))
+        table.add_row(plain(r["name"]), plain(f"{r['user']}@{r['address']}:{r['port']}"), docker)
+    print_table(table)
 
 
 @sandbox.command()
@@ -77,9 +87,6 @@ def status(state_dir, as_json):
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    for r in result["ranks"]:
-        colour = "green" if r["docker"] == "running" else "red"
-        out.print(f"{r['name']}  {r['user']}@{r['address']}:{r['port']}  "
-                  f"docker [{colour}]{r['docker']}[/]", markup=True)
+    _print_ranks(result["ranks"], colour=True)
     cfg = Path(result["config"])
     out.print(f"config: {cfg}" + ("" if cfg.exists() else " (not written yet: `sparkstack sandbox up`)"))

@@ -263,7 +263,7 @@ def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda lin
 
     own = group is None
     if own:
-        group = remote.Group.for_cluster(loaded.cluster)
+        group = remote.Group.for_cluster(loaded.cluster, say=say)
     try:
         refs = [chain.base.name] + [s.tag for s in chain.stages]
         command = rank_facts.image_ids_command(refs, label=f"{LABEL}.chain")

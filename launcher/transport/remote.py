@@ -21,7 +21,6 @@ import secrets
 import select
 import shlex
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -188,7 +187,7 @@ class Connection:
         self.trust_new = trust_new
         self.timeout = timeout
         self.attempts = attempts
-        self.say = say or (lambda line: print(line, file=sys.stderr))
+        self.say = say or (lambda line: None)  # the CLI passes its own: only it prints
         self.client: paramiko.SSHClient | None = None
         self._jump: paramiko.SSHClient | None = None
 
