@@ -23,7 +23,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from launcher.bench import bench
+from launcher.bench import run as bench
 from launcher.cli.commands import main
 from standin_env import model_dir, roomy_env
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from launcher.transport import api
 from launcher.inputs import apikey, config
-from launcher.bench import bench
+from launcher.bench import run as bench
 from launcher.check import check, plan_inputs
 from launcher import redact
 from launcher.apply import serve

@@ -162,11 +162,11 @@ def profiles(as_json):
 
 
 def _bench_values(kind: str):
-    """A click callback parsing a flag's value with launcher.bench.bench (imported when used: httpx
+    """A click callback parsing a flag's value with launcher.bench.run (imported when used: httpx
     stays out of every other command's start-up)."""
 
     def parse(ctx, param, value):
-        from ..bench import bench as bench_mod
+        from ..bench import run as bench_mod
 
         if value is None:
             return None if kind == "url" else ()
@@ -234,8 +234,8 @@ def bench(config_file, as_json, url, api_key, model, tasks, concurrency, max_tok
     """
     import pathlib
 
-    from ..bench import bench as bench_mod
-    from ..bench import bench_report
+    from ..bench import run as bench_mod
+    from ..bench import report as bench_report
 
     loaded = _bench_config(config_file, url)
     if loaded:

@@ -10,7 +10,7 @@ the results say so. Accepted tokens per step = 1 + Δaccepted / Δdrafts of vLLM
 counters over a cell, read from `/metrics`.
 
 The top half is pure (parsing, statistics, prompts, result shapes); the bottom half talks
-HTTP (httpx, asyncio for concurrent streams). Output formats live in bench_report.
+HTTP (httpx, asyncio for concurrent streams). Output formats live in report.py.
 """
 
 from __future__ import annotations
