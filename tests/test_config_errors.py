@@ -43,6 +43,9 @@ CASES = {
     "duplicate rank address": (set_in(["ranks", 3, "address"], "10.0.0.11"),
                                ["same address 10.0.0.11:22 as ranks[0]"]),
     "tp x pp != ranks": (lambda d: d["ranks"].pop(), ["ranks: 3 ranks listed", "tensor parallel 4 × pipeline parallel 1 = 4"]),
+    "tensorfold on 3 ranks": (lambda d: (d["ranks"].pop(), d.update(profile="tensorfold")),
+                              ["ranks: 3 ranks listed, but profile tensorfold runs TensorFold's GLM-5.3 "
+                               "engine, which serves at --tp 4 only"]),
     "bad override flag": (set_in(["overrides", "engine_args"], ["--max-num-seq 4"]),
                           ["overrides.engine_args:", "did you mean --max-num-seqs?"]),
     "bad override value": (set_in(["overrides", "engine_args"], ["--max-num-seqs eight"]),

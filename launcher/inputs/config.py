@@ -305,6 +305,10 @@ def _profiles_dir(cluster: Cluster, path: Path) -> Path:
     return cluster.profiles_dir if cluster.profiles_dir.is_absolute() else path.parent / cluster.profiles_dir
 
 
+# GLM-5.3's TensorFold engine serves at --tp 4 only, one rank per Spark (seed 001; its image is
+# built for that CUDA_TP): any other rank count would pass `plan` and fail at start on every rank.
+TENSORFOLD_TP = 4
+
 # TensorFold flags the plan sets from the cluster (plan._tensorfold_args), and where to set them.
 TENSORFOLD_MANAGED = {"--tp": "from ranks", "--rank": "from ranks", "--master": "from rendezvous",
                       "--port": "from overrides.api_port", "--host": "0.0.0.0, so the API is reachable",
@@ -343,6 +347,10 @@ def _check_tensorfold(path: Path, cluster: Cluster, profile: Profile) -> None:
     """TensorFold's flags are passed as written (its own parser checks them); the ones the plan
     manages, and an API key TensorFold's server would not ask for, are refused here."""
     problems = []
+    if len(cluster.ranks) != TENSORFOLD_TP:
+        problems.append(f"{path}: ranks: {len(cluster.ranks)} ranks listed, but profile {profile.name} "
+                        f"runs TensorFold's GLM-5.3 engine, which serves at --tp {TENSORFOLD_TP} only: "
+                        f"list {TENSORFOLD_TP} ranks, or choose a vLLM profile")
     for where, lines in ((f"profile {profile.name}: args", profile.args),
                          ("overrides.engine_args", cluster.overrides.engine_args)):
         try:
