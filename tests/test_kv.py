@@ -71,3 +71,46 @@ def test_no_memory_left_is_refused_with_the_numbers():
     budget = kv.KvBudget(GB10_MEM, 110 * GIB, 14 * GIB, 8 * GIB)
     with pytest.raises(kv.KvDoesNotFit, match=r"MemAvailable 117.1 GiB − weights 110.0 GiB"):
         kv.size_kv(1000, budget, None)
+
+
+def profile_target(name: str) -> kv.KvTarget:
+    spec = load_profile(name).kv.target
+    return kv.KvTarget(spec.tokens, spec.source)
+
+
+def test_seed_001_one_million_pool_is_the_seeds_1_23m_tokens():
+    """keys35 at 1M with DCP 4: seed 001's pool held 1.23M tokens; the target policy sizes the same
+    pool (rounded up to a MiB), not the 27.6 GiB all-that-fits, and leaves 17.8 GiB free."""
+    bpt = kv.bytes_per_token(GLM53, "fp8_ds_mla", mtp=True, dcp=4)
+    budget = kv.KvBudget(GB10_MEM, int(67.5 * GIB), 14 * GIB, 8 * GIB)
+    sizing = kv.size_kv(bpt, budget, 1_000_000, target=profile_target("keys35-1m-dcp4"))
+    assert sizing.policy == "target" and sizing.target.tokens == 1_230_000
+    assert 1_230_000 <= sizing.max_tokens < 1_230_000 + kv.MIB // bpt + 1
+    assert sizing.kv_cache_memory_bytes % kv.MIB == 0
+    assert round(sizing.free_while_serving(GB10_MEM) / GIB, 1) == 17.8
+
+
+def test_seed_targets_match_the_seeds_figures():
+    """Seed 003's 396K-token pool at 180K; seed 001's 14092861440 B at 62,252 B/token at 200K."""
+    assert profile_target("pollard-180k").tokens == 396_000
+    seed_001_200k = 14092861440 // kv.bytes_per_token(GLM53, "fp8_ds_mla", mtp=True)
+    assert abs(profile_target("keys35-200k").tokens - seed_001_200k) / seed_001_200k < 0.001
+
+
+def test_a_target_beyond_the_budget_is_capped_by_it():
+    """Pollard's 396K tokens do not fit beside 81 GiB of weights: the pool is the old budget."""
+    bpt = kv.bytes_per_token(GLM53, "fp8", mtp=True)
+    budget = kv.KvBudget(GB10_MEM, 81 * GIB, 14 * GIB, 8 * GIB)
+    sizing = kv.size_kv(bpt, budget, 180_000, target=profile_target("pollard-180k"))
+    assert sizing.policy == "target, capped"
+    assert sizing.kv_cache_memory_bytes == budget.kv_bytes
+    assert sizing.free_while_serving(GB10_MEM) >= 8 * GIB
+
+
+def test_policy_max_is_all_that_fits():
+    bpt = kv.bytes_per_token(GLM53, "fp8_ds_mla", mtp=True, dcp=4)
+    budget = kv.KvBudget(GB10_MEM, int(67.5 * GIB), 14 * GIB, 8 * GIB)
+    target = profile_target("keys35-1m-dcp4")
+    assert kv.size_kv(bpt, budget, 1_000_000, target=target, policy=kv.MAX).kv_cache_memory_bytes \
+        == kv.size_kv(bpt, budget, 1_000_000).kv_cache_memory_bytes == budget.kv_bytes
+    assert kv.size_kv(bpt, budget, 1_000_000, target=target, policy=kv.MAX).policy == "max"

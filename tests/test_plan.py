@@ -33,7 +33,10 @@ def test_plan_json_shape(write_config):
     data = plan_json(write_config())
     assert set(data) == {"profile", "ranks", "kv", "vllm_guard", "api", "assumed", "notes"}
     assert data["profile"] == {"name": "keys-1m-dcp4", "source": "config"}
-    assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens"}
+    assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens", "policy",
+                               "target", "free_floor", "per_rank"}
+    assert set(data["kv"]["per_rank"][0]) == {"rank", "kv_cache_memory_bytes", "max_tokens",
+                                              "mem_available", "free_while_serving"}
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert set(data["ranks"][0]) == {"rank", "host", "env", "docker_run", "engine"}
 
@@ -261,6 +264,28 @@ def test_plan_that_does_not_fit_is_refused(write_config):
     assert result.exit_code == 3
     assert "pollard-180k does not fit: --max-model-len 180000 needs" in result.output
     assert "headroom 20.0 GiB" in result.output
+
+
+def test_kv_policy_max_keeps_all_that_fits(write_config):
+    """keys35 at 1M: the target is seed 001's 1.23M-token pool; `kv_policy: max` the whole budget."""
+    target = plan_json(write_config(lambda d: d.update(profile="keys35-1m-dcp4")))["kv"]
+    most = plan_json(write_config(lambda d: d.update(profile="keys35-1m-dcp4")
+                                  or d["overrides"].update(kv_policy="max")))["kv"]
+    assert (target["policy"], most["policy"]) == ("target", "max")
+    assert target["max_tokens"] == 1_230_020 < most["max_tokens"]
+    assert most["per_rank"][0]["free_while_serving"] < target["per_rank"][0]["free_while_serving"]
+
+
+def test_plan_below_the_free_floor_is_refused(write_config):
+    path = write_config(lambda d: d.update(profile="pollard-180k") or d["overrides"].update(headroom_gib=4))
+    result = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline"])
+    assert result.exit_code == 3, result.output
+    out = " ".join(result.output.split())
+    assert "rank 0" in out and "would keep 4.0 GiB free while serving, below overrides.free_floor_gib 8.0 GiB" in out
+    assert "− KV 18.1 GiB (target, capped)" in out and "kv_policy: max only makes the pool larger" in out
+    floor_lowered = write_config(lambda d: d.update(profile="pollard-180k")
+                                 or d["overrides"].update(headroom_gib=4, free_floor_gib=4))
+    assert CliRunner().invoke(main, ["plan", "-c", str(floor_lowered), "--offline"]).exit_code == 0
 
 
 def tensorfold(d):

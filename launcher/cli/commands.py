@@ -118,6 +118,7 @@ def _print_plan(loaded, result, data, show_secrets: bool) -> None:
                   f"({sizing.kv_cache_memory_bytes / 2**30:.1f} GiB) → {sizing.max_tokens:,} tokens")
         out.print(f"        budget: {sizing.budget.explain()}"
                   + (" (the profile's fixed figure is used)" if sizing.fixed else ""))
+        _print_kv_policy(sizing, data["kv"])
     if result.guard:
         _print_guard(result.guard)
     if result.assumed:
@@ -127,6 +128,20 @@ def _print_plan(loaded, result, data, show_secrets: bool) -> None:
     for line in result.notes:
         out.print("\n[bold]note[/]    ", end="")
         out.print(line, markup=False)
+
+
+def _print_kv_policy(sizing, kv_json) -> None:
+    """The pool's policy and target, then each rank's memory expected free while serving."""
+    target = sizing.target
+    aim = f"target {target.tokens:,} tokens from {target.source}" if target else "the profile states no target"
+    out.print(f"        policy: {sizing.policy} ({aim})", markup=False)
+    out.print(f"[bold]free[/]    while serving, MemAvailable − weights − runtime − KV (floor "
+              f"{kv_json['free_floor'] / 2**30:.1f} GiB; the seeds keep ~9–15 GB):")
+    b = sizing.budget
+    for row in kv_json["per_rank"]:
+        out.print(f"        rank {row['rank']}: {row['mem_available'] / 2**30:.1f} − {b.weights / 2**30:.1f} − "
+                  f"{b.runtime_overhead / 2**30:.1f} − {row['kv_cache_memory_bytes'] / 2**30:.1f} = "
+                  f"{row['free_while_serving'] / 2**30:.1f} GiB")
 
 
 def _print_api_key(key, reveal: bool) -> None:

@@ -153,6 +153,10 @@ class Overrides(Strict):
     env: EnvVars = {}
     headroom_gib: Gib = 8.0
     runtime_overhead_gib: Gib = 14.0
+    # the KV pool: the profile's target capped by what fits ("target"), or all that fits ("max")
+    kv_policy: Literal["target", "max"] = "target"
+    # `plan` refuses a rank expected to keep less than this free while serving (launcher/plan/kv.py)
+    free_floor_gib: Gib = 8.0
     # how far below vLLM's startup guard the planned --gpu-memory-utilization stays (vllm_guard.py)
     utilization_margin: float = Field(vllm_guard.MARGIN, ge=0, lt=1)
     api_port: int | None = Field(None, ge=1, le=65535)

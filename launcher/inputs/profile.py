@@ -56,9 +56,24 @@ class ImageSpec(Strict):
         return self
 
 
+class KvTargetSpec(Strict):
+    """The tokens the KV pool is sized to hold: the context × the sequences a seed meant to serve ×
+    the margin its own pool had (seed 001: a 1.23M-token pool for a 1M context), and that source."""
+
+    context: PositiveInt
+    sequences: PositiveInt = 1
+    margin: float = Field(1.0, ge=1, le=4, allow_inf_nan=False)
+    source: str = Field(min_length=1)
+
+    @property
+    def tokens(self) -> int:
+        return round(self.context * self.sequences * self.margin)
+
+
 class KvRule(Strict):
     layout: Literal["fp8_ds_mla", "fp8", "bf16"]
     engine_managed: bool = False  # the engine sizes its own KV pool (TensorFold)
+    target: KvTargetSpec | None = None  # None: the pool takes all that fits
 
 
 class ShapeDefaults(Strict):

@@ -73,12 +73,30 @@ class KvBudget:
 
 
 @dataclass(frozen=True)
+class KvTarget:
+    """The tokens the pool should hold and where that figure comes from."""
+
+    tokens: int
+    source: str
+
+
+TARGET, MAX = "target", "max"  # the policies cluster.yaml may ask for
+
+
+@dataclass(frozen=True)
 class KvSizing:
     bytes_per_token: int
     kv_cache_memory_bytes: int
     max_tokens: int
     budget: KvBudget
     fixed: bool  # the profile set --kv-cache-memory-bytes itself
+    policy: str = MAX  # what sized the pool: "fixed", "target", "target, capped" or "max"
+    target: KvTarget | None = None
+
+    def free_while_serving(self, mem_available: int) -> int:
+        """What a rank with this MemAvailable keeps free once the engine holds its memory."""
+        b = self.budget
+        return mem_available - b.weights - b.runtime_overhead - self.kv_cache_memory_bytes
 
 
 class KvDoesNotFit(ValueError):
@@ -86,16 +104,18 @@ class KvDoesNotFit(ValueError):
 
 
 def size_kv(bpt: int, budget: KvBudget, max_model_len: int | None,
-            fixed_bytes: int | None = None) -> KvSizing:
+            fixed_bytes: int | None = None, target: KvTarget | None = None,
+            policy: str = TARGET) -> KvSizing:
     """The `--kv-cache-memory-bytes` to pass and the tokens it holds; refuses what cannot serve.
 
     `fixed_bytes` is a figure the profile states (seed 001's 14092861440): it is kept when it
-    fits the budget and refused when it does not."""
+    fits the budget and refused when it does not. Otherwise the `target` policy holds
+    `target.tokens` (rounded up to a MiB) within the budget, and `max` (or no target) the budget."""
     if fixed_bytes is not None and fixed_bytes > budget.kv_bytes:
         raise KvDoesNotFit(
             f"the profile's --kv-cache-memory-bytes {fixed_bytes} ({gib(fixed_bytes)}) exceeds what "
             f"the fullest rank can give: {budget.explain()}")
-    kv_bytes = budget.kv_bytes if fixed_bytes is None else fixed_bytes
+    kv_bytes, chosen = _pool(bpt, budget, fixed_bytes, target, policy)
     max_tokens = kv_bytes // bpt
     if max_tokens == 0 or (max_model_len and max_model_len > max_tokens):
         need = (max_model_len or 1) * bpt
@@ -103,7 +123,18 @@ def size_kv(bpt: int, budget: KvBudget, max_model_len: int | None,
             f"--max-model-len {max_model_len} needs {gib(need)} of KV per rank at {bpt} B/token, "
             f"but only {max_tokens} tokens fit: {budget.explain()}. Use decode-context "
             f"parallelism, a smaller --max-model-len, or less headroom")
-    return KvSizing(bpt, kv_bytes, max_tokens, budget, fixed_bytes is not None)
+    return KvSizing(bpt, kv_bytes, max_tokens, budget, fixed_bytes is not None, chosen, target)
+
+
+def _pool(bpt: int, budget: KvBudget, fixed_bytes: int | None, target: KvTarget | None,
+          policy: str) -> tuple[int, str]:
+    """The pool's bytes and the policy that chose them."""
+    if fixed_bytes is not None:
+        return fixed_bytes, "fixed"
+    if policy == MAX or target is None:
+        return budget.kv_bytes, MAX
+    wanted = -(-target.tokens * bpt // MIB) * MIB
+    return (wanted, TARGET) if wanted <= budget.kv_bytes else (budget.kv_bytes, "target, capped")
 
 
 def gib(n: int) -> str:

@@ -94,6 +94,17 @@ class Plan:
     api: apikey.ApiKey | None = None  # the API's key, where it is kept, or why there is none
     secret_env: tuple[str, ...] = ()  # names masked beyond the secret-looking ones (redact.py)
     notes: list[str] = field(default_factory=list)  # what the user should know before `up`
+    memory: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (MemTotal, MemAvailable)
+    free_floor: int = 0  # `plan` refuses a rank expected to keep less free while serving
+
+    def serving(self) -> list[dict]:
+        """Per rank: the KV pool and the memory expected free while serving (kv.py)."""
+        s = self.kv
+        if not s:
+            return []
+        return [{"rank": r, "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "max_tokens": s.max_tokens,
+                 "mem_available": avail, "free_while_serving": s.free_while_serving(avail)}
+                for r, (_, avail) in sorted(self.memory.items())]
 
     def to_json(self, reveal_secrets: bool = False) -> dict:
         def env(e: dict[str, str]) -> dict[str, str]:
@@ -105,7 +116,11 @@ class Plan:
                        "docker_run": r.docker_run, "engine": r.engine} for r in self.ranks],
             "kv": {"bytes_per_token": sizing.bytes_per_token if sizing else None,
                    "kv_cache_memory_bytes": sizing.kv_cache_memory_bytes if sizing else None,
-                   "max_tokens": sizing.max_tokens if sizing else None},
+                   "max_tokens": sizing.max_tokens if sizing else None,
+                   "policy": sizing.policy if sizing else None,
+                   "target": {"tokens": sizing.target.tokens, "source": sizing.target.source}
+                   if sizing and sizing.target else None,
+                   "free_floor": self.free_floor, "per_rank": self.serving()},
             "vllm_guard": self.guard.to_json() if self.guard else None,
             "api": self.api.to_json(reveal_secrets) if self.api else None,
             "assumed": self.assumed,
@@ -137,6 +152,8 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
     if guard and guard.utilization is None:
         raise PlanRefused(f"profile {profile.name} cannot start: {guard.note}. Free memory on that "
                           "rank (sparkstack prep) or lower overrides.runtime_overhead_gib")
+    free_floor = int(cluster.overrides.free_floor_gib * kv.GIB)
+    _refuse_below_floor(loaded, sizing, memory, free_floor)
     image = inputs.image
     assumed += inputs.image_assumed
     fabric_env = fabric_envs(loaded, facts, assumed)  # NCCL's pins, whatever the engine
@@ -151,7 +168,27 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
                         key.value) for r in range(len(cluster.ranks))]
     notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
                                                       len(cluster.ranks)) == "vllm-ray.j2" else []
-    return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes)
+    return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,
+                memory, free_floor)
+
+
+def _refuse_below_floor(loaded: Loaded, sizing: kv.KvSizing, memory: dict[int, tuple[int, int]],
+                        floor: int) -> None:
+    """A GB10 with too little free while serving freezes rather than OOMs (issue 14): refuse it."""
+    for r, (_, avail) in sorted(memory.items()):
+        free = sizing.free_while_serving(avail)
+        if free >= floor:
+            continue
+        b, o = sizing.budget, loaded.cluster.overrides
+        raise PlanRefused(
+            f"profile {loaded.profile.name}: rank {r} ({loaded.cluster.ranks[r].label}) would keep "
+            f"{kv.gib(free)} free while serving, below overrides.free_floor_gib {kv.gib(floor)}: "
+            f"MemAvailable {kv.gib(avail)} − weights {kv.gib(b.weights)} − runtime "
+            f"{kv.gib(b.runtime_overhead)} − KV {kv.gib(sizing.kv_cache_memory_bytes)} ({sizing.policy}). "
+            f"Fix: a smaller KV pool (a smaller kv.target in the profile, fewer sequences, a shorter "
+            f"--max-model-len), overrides.headroom_gib ({o.headroom_gib:g}) at least the floor, or "
+            "more MemAvailable on that rank (sparkstack prep); kv_policy: max only makes the pool "
+            "larger and does not help")
 
 
 def ray_note(master: str) -> str:
@@ -269,13 +306,28 @@ def _size_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int
     max_len = vllm_flags.converted(flags, "max_model_len")
     try:
         sizing = kv.size_kv(bpt, budget, None if max_len == AUTO else max_len,
-                            vllm_flags.converted(flags, "kv_cache_memory_bytes"))
+                            vllm_flags.converted(flags, "kv_cache_memory_bytes"),
+                            kv_target(loaded, max_len), o.kv_policy)
     except kv.KvDoesNotFit as e:
         raise PlanRefused(f"profile {profile.name} does not fit: {e}") from None
     if max_len == AUTO:
         assumed.append(f"--max-model-len auto: vLLM picks the longest context that fits the KV "
                        f"cache (and the model's own limit): {sizing.max_tokens:,} tokens by this plan")
     return sizing
+
+
+def kv_target(loaded: Loaded, max_len: int | None) -> kv.KvTarget | None:
+    """The profile's KV target in tokens, with its source; never below one --max-model-len
+    sequence (a larger --max-model-len from the config raises it)."""
+    spec, name = loaded.profile.kv.target, loaded.profile.name
+    if spec is None:
+        return None
+    source = (f"profile {name}: {spec.context:,} context × {spec.sequences} sequence"
+              f"{'s' if spec.sequences > 1 else ''} × margin "
+              f"{spec.margin:g} ({spec.source})")
+    if max_len and max_len > spec.tokens:
+        return kv.KvTarget(max_len, f"{source}, raised to --max-model-len {max_len:,}")
+    return kv.KvTarget(spec.tokens, source)
 
 
 def _weights(loaded: Loaded, model: ModelFacts, mtp: bool, assumed: list[str]) -> int:
