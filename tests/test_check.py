@@ -595,6 +595,21 @@ def test_low_memory_on_one_rank_fails_with_numbers(sandbox, loaded, squeezed):
     assert mem["spark1"]["status"] in ("pass", "warn")
 
 
+def test_trust_new_hosts_shows_every_key_it_trusts(sandbox, tmp_path):
+    """`check --trust-new-hosts` with no known host: each rank's key is recorded and its
+    fingerprint shown, so the user can still compare it (never trusted silently)."""
+    doc = yaml.safe_load(Path(sandbox.config).read_text())
+    known = tmp_path / "known_hosts"
+    doc.setdefault("ssh", {})["known_hosts"] = str(known)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["check", "-c", str(path), "--trust-new-hosts"])
+    assert result.exit_code in (0, 1), result.output
+    for name in sandbox.names:
+        assert f"trusting new host key for {name} (" in result.output and "SHA256:" in result.output
+    assert len(known.read_text().splitlines()) == len(sandbox.names)
+
+
 def test_unreachable_rank_is_a_failed_row_fast(sandbox, tmp_path):
     doc = yaml.safe_load(Path(sandbox.config).read_text())
     doc["ranks"][2]["port"] = 1  # nothing listens there: refused at once

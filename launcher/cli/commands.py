@@ -727,7 +727,8 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
     """
     from ..check import check as check_mod
 
-    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth)
+    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth,  # say: a key it trusts
+                           say=lambda line: err.print(line, markup=False, highlight=False))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
