@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import prep, serve
+from . import memguard, prep, serve
 from ..check import check, plan_inputs
 from ..errors import Interrupted, SparkstackError
 from ..images import build, local_docker, ship
@@ -24,6 +24,9 @@ from ..status import Status
 from ..transport import api
 from ..transport.remote import Group
 
+START_ALLOWANCE_S = 300  # the watchers' lifetime beyond the API wait: images, start
+GUARD_GRACE_S = 3  # a rank found dead: how long its watcher's report may still be on its way
+
 
 @dataclass
 class UpReport:
@@ -31,6 +34,11 @@ class UpReport:
     changed: bool = False
     starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
+    memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
+
+    def to_json(self) -> dict:
+        return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
+                "memory": [m.to_json() for m in self.memory]}
 
 
 def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
@@ -74,8 +82,12 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     current = serve.states(group)
     if serve.is_current(current, the_plan) and not restart:
         say("already running as planned: nothing to change (--restart forces a new start)")
+        _wait(loaded, group, report, wait_timeout, say, None)
     else:
         report.changed = True
+        guard = memguard.MemoryGuard(group, loaded.cluster.memory_guard, wait_timeout + START_ALLOWANCE_S, say)
+        if guard.settings.enabled:
+            memguard.require_relief(group)  # before a byte is shipped or an engine started
         _ensure_images(loaded, the_plan.image, group, report, say)
         # Ray is vLLM's; TensorFold starts as its recipe does: ranks > 0 first, then rank 0
         ray = loaded.cluster.multinode == "ray" and loaded.profile.engine == "vllm"
@@ -83,19 +95,48 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
             serve.require_multinode(group.connections[0], the_plan.image, loaded.cluster.multinode)
         say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks" + (" (Ray)" if ray else ""))
         report.starting = True
-        serve.start(the_plan, group, say=say, head_first=ray)
-        report.steps.append("started every rank")
+        try:
+            _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, ray)
+        except memguard.MemoryFloor as e:
+            raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
+    report.steps.append("the API answers")
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _start_guarded(loaded: Loaded, group: Group, the_plan, report: UpReport, wait_timeout: float,
+                   say, guard: memguard.MemoryGuard, ray: bool) -> None:
+    """Start and wait with every rank's memory watched; a rank the guard stopped is reported as
+    that (MemoryFloor), not as an engine that merely exited."""
+    with guard:
+        try:
+            serve.start(the_plan, group, say=say, head_first=ray)
+            report.steps.append("started every rank")
+            _wait(loaded, group, report, wait_timeout, say, guard)
+        except memguard.MemoryFloor:
+            raise
+        except SparkstackError:
+            guard.check(grace=GUARD_GRACE_S)
+            raise
+        finally:
+            report.memory = guard.report()
+
+
+def _wait(loaded: Loaded, group: Group, report: UpReport, wait_timeout: float, say,
+          guard: memguard.MemoryGuard | None) -> None:
+    def watch():
+        if guard:
+            guard.check()
+        serve.watch(group)
+
     say("waiting for the API")
     try:
-        api.wait_ready(api.endpoint(loaded), wait_timeout, say=say, watch=lambda: serve.watch(group))
+        api.wait_ready(api.endpoint(loaded), wait_timeout, say=say, watch=watch)
     except api.NotServing as e:
         problems = [serve.diagnose(group, s) for s in serve.states(group)]  # before the stop
         stopped = f"; {serve.stop_and_say(group)}" if report.changed else ""
         raise SparkstackError(e.message + stopped + "\neach rank as the wait gave up:\n"
                               + "\n".join(problems)) from None
-    report.steps.append("the API answers")
-    report.seconds = time.monotonic() - started
-    return report
 
 
 def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say) -> None:

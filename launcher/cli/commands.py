@@ -530,15 +530,19 @@ def ansible_inventory(loaded, fmt):
 
 @main.command()
 @with_cluster(profile=True)
+@json_option
 @trust_option()
 @click.option("--restart", is_flag=True, help="start again even if already running as planned")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started")
-def up(loaded, trust_new_hosts, restart, wait_timeout):
+def up(loaded, as_json, trust_new_hosts, restart, wait_timeout):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
 
     \b
+    While the engines load, a watcher on every rank drops page caches below the soft floor
+    of MemFree and stops the cluster below the hard floor of MemAvailable (memory_guard in
+    the config); `up` prints each rank's lowest MemAvailable (--json: the whole timeline).
     A failed check starts nothing. If any rank fails to start, every rank is stopped and each
     failed rank is shown with its exit code and last log lines. A cluster already running as
     planned is left alone: `up` then changes nothing (use --restart to force).
@@ -553,6 +557,11 @@ def up(loaded, trust_new_hosts, restart, wait_timeout):
     from ..transport import api
 
     ep = api.endpoint(loaded)
+    for memory in report.memory:
+        say("  memory while loading: " + memory.summary())
+    if as_json:
+        click.echo(json.dumps({"serving": loaded.profile.name, "url": ep.url, **report.to_json()}, indent=2))
+        return
     out.print(f"serving {loaded.profile.name} at {ep.url} "
               f"({'started' if report.changed else 'unchanged'}, {report.seconds:.1f} s)")
     _say_how_to_authenticate(loaded)

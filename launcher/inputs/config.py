@@ -148,6 +148,18 @@ class ContainerSettings(Strict):
     shm_size: str = "16g"
 
 
+class MemoryGuardSettings(Strict):
+    """The load-time memory guard on every rank (launcher/apply/memguard.py), from the start of
+    the engines until the API answers: below soft_free_gib of MemFree it drops page caches and
+    compacts memory; below hard_available_gib of MemAvailable it stops the cluster."""
+
+    enabled: bool = True
+    soft_free_gib: Gib = 8.0
+    hard_available_gib: Gib = 3.0
+    interval_s: float = Field(1.0, gt=0, le=60)
+    cooldown_s: float = Field(5.0, ge=0, le=600)  # between two reliefs on one rank
+
+
 class Overrides(Strict):
     engine_args: list[str] = []
     env: EnvVars = {}
@@ -225,6 +237,7 @@ class Cluster(Strict):
     images: ImageSettings = ImageSettings()
     overrides: Overrides = Overrides()
     container: ContainerSettings = ContainerSettings()
+    memory_guard: MemoryGuardSettings = MemoryGuardSettings()
     fabric: FabricSettings = FabricSettings()
     nccl: NcclSettings = NcclSettings()
     profiles_dir: UserPath | None = None

@@ -141,6 +141,22 @@ def drop_caches_command(user: str) -> str:
     return DROP_CACHES_AS_ROOT if user == "root" else DROP_CACHES_COMMAND
 
 
+# TEMPORARY (lead): replaced by the knobs helper's version at merge
+COMPACT_MEMORY_SUDO = "/usr/sbin/sysctl -w vm.compact_memory=1"
+
+
+def memory_relief_command(user: str) -> str:
+    if user == "root":
+        return DROP_CACHES_AS_ROOT + " && echo 1 > /proc/sys/vm/compact_memory"
+    return f"{DROP_CACHES_COMMAND} && sudo -n {COMPACT_MEMORY_SUDO}"
+
+
+def relief_sudo_check_command(user: str) -> str:
+    if user == "root":
+        return "true"
+    return f"sudo -n -l {DROP_CACHES_SUDO} >/dev/null && sudo -n -l {COMPACT_MEMORY_SUDO} >/dev/null"
+
+
 # -- the checkpoint mount -----------------------------------------------------------------------
 def nfs_server_index(cluster) -> int | None:
     """The rank that is the NFS server (its name, address or a fabric IP is `model.nfs.server`),

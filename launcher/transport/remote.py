@@ -304,6 +304,17 @@ class Connection:
         finally:
             channel.close()
 
+    def spawn(self, command: str, stdin: bytes, lifetime: float) -> paramiko.Channel:
+        """Start `command` and leave it running; the caller reads its output from the channel
+        and closes it to end the command (which must end on its next write then, as a watcher
+        does). `lifetime` bounds it on the rank should this host vanish."""
+        self.open()
+        token = f"sparkstack-spawn-{secrets.token_hex(8)}"
+        channel = self.client.get_transport().open_session(timeout=self.timeout)
+        channel.exec_command(_bounded(command, lifetime, token))
+        _feed(channel, stdin)
+        return channel
+
     def reverse_forward(self, local_port: int) -> tuple[int, "ByteCounter"]:
         """Listen on the rank's 127.0.0.1 (a port sshd picks) and carry each connection to
         127.0.0.1:`local_port` here; returns the rank's port and a count of the bytes carried."""
