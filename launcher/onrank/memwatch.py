@@ -19,6 +19,7 @@ makes the next write fail. Standard library only.
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -45,6 +46,8 @@ def emit(record):
         sys.stdout.flush()
         return True
     except (BrokenPipeError, OSError):
+        # Python's own flush at exit would fail again (exit 120): point stdout at /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return False
 
 
