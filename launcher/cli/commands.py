@@ -33,6 +33,11 @@ def trust_option(when: str = ""):
                         help=f"{when}accept and record host keys not yet in known_hosts")
 
 
+lock_option = click.option(
+    "--wait-lock", "wait_lock", type=click.FloatRange(min=0), default=0, metavar="SECONDS",
+    help="when another up/down/ship/prep holds the cluster lock, wait this long for it (default: refuse at once)")
+
+
 def with_cluster(profile: bool = False):
     """Put right under @main.command(): adds -c/--config (and --profile, where a command takes
     one) and hands the command `loaded`, the config read and cross-checked, instead; failures,
@@ -448,7 +453,8 @@ class _BuildDisplay:
 @trust_option()
 @click.option("--relay", is_flag=True,
               help="ranks pull from a cache on rank 0: the uplink carries each blob twice, not once per rank")
-def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay):
+@lock_option
+def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
     """Send every rank the images it lacks, and only those.
 
     \b
@@ -465,14 +471,16 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay):
     from ..images import relay as relay_mod
     from ..transport import remote
     from ..images import ship as ship_mod
+    from ..apply import cluster_lock
 
     refs = refs or [build_mod.local_chain(loaded).top]
     ids = ship_mod.local_image_ids(list(refs))  # Docker's socket, without docker-py
     with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
         shipment = ship_mod.make_plan(group, ids)
         if not dry_run:
-            ship_mod.apply(shipment, group, say=lambda line: err.print(line, markup=False),
-                           relay=relay_mod.route(loaded) if relay else None)
+            say = lambda line: err.print(line, markup=False)  # noqa: E731
+            with cluster_lock.held(loaded, group, wait_lock, say):
+                ship_mod.apply(shipment, group, say=say, relay=relay_mod.route(loaded) if relay else None)
     rows = [r.to_json() for r in shipment.ranks]
     if as_json:
         click.echo(json.dumps({"ranks": rows}, indent=2))
@@ -532,10 +540,11 @@ def ansible_inventory(loaded, fmt):
 @with_cluster(profile=True)
 @json_option
 @trust_option()
+@lock_option
 @click.option("--restart", is_flag=True, help="start again even if already running as planned")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started")
-def up(loaded, as_json, trust_new_hosts, restart, wait_timeout):
+def up(loaded, as_json, trust_new_hosts, wait_lock, restart, wait_timeout):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
 
@@ -549,10 +558,10 @@ def up(loaded, as_json, trust_new_hosts, restart, wait_timeout):
     Ctrl+C, SIGTERM or SIGHUP: the containers this run started are stopped (exit 130); a
     second one exits without waiting for that.
     """
-    from ..apply import deploy
+    from ..apply import cluster_lock, deploy
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
-    with deploy.group_for(loaded, trust_new_hosts, say) as group:
+    with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
     from ..transport import api
 
@@ -580,12 +589,13 @@ def _say_how_to_authenticate(loaded) -> None:
 @main.command()
 @with_cluster()
 @trust_option()
-def down(loaded, trust_new_hosts):
+@lock_option
+def down(loaded, trust_new_hosts, wait_lock):
     """Stop and remove the serving container on every rank (fine when nothing runs)."""
-    from ..apply import deploy
+    from ..apply import cluster_lock, deploy
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
-    with deploy.group_for(loaded, trust_new_hosts, say) as group:
+    with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         failed = deploy.down(loaded, group, say)
     if failed:
         raise SparkstackError(f"could not stop the container on {', '.join(failed)}")
@@ -775,7 +785,8 @@ def _print_check(check_mod, report, verbose: bool) -> None:
 @click.option("--wait-timeout", type=click.FloatRange(min=1), default=120, show_default=True,
               help="seconds to wait for MemAvailable to come back after dropping caches")
 @trust_option()
-def prep(loaded, as_json, no_drop, wait_timeout, trust_new_hosts):
+@lock_option
+def prep(loaded, as_json, no_drop, wait_timeout, trust_new_hosts, wait_lock):
     """Prepare every rank for serving after a boot (idempotent, all ranks in parallel).
 
     \b
@@ -788,11 +799,15 @@ def prep(loaded, as_json, no_drop, wait_timeout, trust_new_hosts):
     rule). --json prints {"ok", "mem_needed", "seconds", "ranks": [{"rank", "host",
     "changed", "already", "failed", "mem_available", "error"}]}.
     """
+    from ..apply import cluster_lock
     from ..apply import prep as prep_mod
 
-    report = prep_mod.run(loaded, trust_new=trust_new_hosts, drop=not no_drop,
-                          wait_timeout=wait_timeout,
-                          say=lambda line: err.print(line, markup=False, highlight=False))
+    from ..transport import gather
+
+    say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+    with gather.open_group(loaded, trust_new=trust_new_hosts, say=say) as group, \
+            cluster_lock.held(loaded, group, wait_lock, say):
+        report = prep_mod.prepare(loaded, group, drop=not no_drop, wait_timeout=wait_timeout, say=say)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -30,3 +30,16 @@ def invocation(name: str, args: dict) -> tuple[str, bytes]:
     """The one remote command line that runs script `name` with `args`, and the bytes to send on
     its stdin (the script itself)."""
     return f"python3 - {shlex.quote(json.dumps(args, sort_keys=True))}", source(name)
+
+
+def invocation_keeping_stdin(name: str, args: dict) -> tuple[str, bytes]:
+    """Like `invocation`, for a script that reads its own stdin after it starts (the lock
+    holder's heartbeats): python3 reads exactly the script's bytes first, the rest is the script's."""
+    script = source(name)
+    loader = ("import os,sys\nb=b''\n"
+              f"while len(b)<{len(script)}:\n"
+              f" c=os.read(0,{len(script)}-len(b))\n"
+              " if not c:sys.exit('the script was cut short')\n"
+              " b+=c\n"
+              f"exec(compile(b,{name!r},'exec'))")
+    return (f"python3 -c {shlex.quote(loader)} {shlex.quote(json.dumps(args, sort_keys=True))}", script)

@@ -304,15 +304,20 @@ class Connection:
         finally:
             channel.close()
 
-    def spawn(self, command: str, stdin: bytes, lifetime: float) -> paramiko.Channel:
+    def spawn(self, command: str, stdin: bytes, lifetime: float | None,
+              keep_stdin: bool = False) -> paramiko.Channel:
         """Start `command` and leave it running; the caller reads its output from the channel
         and closes it to end the command (which must end on its next write then, as a watcher
-        does). `lifetime` bounds it on the rank should this host vanish."""
+        does, or on the end of its stdin when `keep_stdin` leaves that open for the caller).
+        `lifetime` bounds it on the rank should this host vanish."""
         self.open()
         token = f"sparkstack-spawn-{secrets.token_hex(8)}"
         channel = self.client.get_transport().open_session(timeout=self.timeout)
         channel.exec_command(_bounded(command, lifetime, token))
-        _feed(channel, stdin)
+        if keep_stdin:
+            channel.sendall(stdin)
+        else:
+            _feed(channel, stdin)
         return channel
 
     def reverse_forward(self, local_port: int) -> tuple[int, "ByteCounter"]:

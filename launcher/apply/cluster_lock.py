@@ -1,0 +1,139 @@
+"""One operator at a time: `up`, `down`, `ship` and `prep` hold the cluster lock on rank 0 while
+they run (launcher/onrank/lock_holder.py holds it there). A second one waits (--wait-lock) or
+refuses naming who holds it; a lock whose holder stopped answering (its host died, the network
+went) lapses after STALE_S and the next one takes it over with a note. Read-only commands
+(`plan`, `check`, `status`, `logs`) never take it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shlex
+import socket
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+
+import paramiko
+
+from .. import onrank
+from ..errors import SparkstackError
+from ..inputs.config import Loaded
+from ..transport.remote import Connection, Group
+
+LOCK_PATH = "/tmp/sparkstack-lock/cluster.lock"  # on rank 0; gone with a reboot, as a lock should be
+STALE_S = 30  # silence from the holder after which its lock lapses
+ANSWER_TIMEOUT_S = 20
+RETRY_S = 2
+
+
+class ClusterBusy(SparkstackError):
+    pass
+
+
+def holder(loaded: Loaded, argv: list[str] | None = None) -> dict:
+    """Who asks: shown to anyone who finds the lock taken."""
+    return {"user": getpass.getuser(), "host": socket.gethostname(),
+            "command": shlex.join(["sparkstack", *(sys.argv[1:] if argv is None else argv)]),
+            "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "profile": loaded.profile.name, "config": str(loaded.path) if loaded.path else None}
+
+
+def describe(who: dict | None) -> str:
+    if not who:
+        return "an unknown holder"
+    if "unreadable" in who:
+        return f"a holder whose note is unreadable ({who['unreadable']!r})"
+    return (f"{who.get('user')}@{who.get('host')} running `{who.get('command')}` since {who.get('since')} "
+            f"(profile {who.get('profile')})")
+
+
+class ClusterLock:
+    """A context manager: entered, the lock is held on rank 0 (or ClusterBusy is raised)."""
+
+    def __init__(self, conn: Connection, who: dict, wait_s: float = 0, say=print,
+                 stale_s: float = STALE_S, path: str = LOCK_PATH):
+        self.conn, self.who, self.wait_s, self.say = conn, who, wait_s, say
+        self.stale_s, self.path = stale_s, path
+        self._channel: paramiko.Channel | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def __enter__(self) -> "ClusterLock":
+        deadline = time.monotonic() + self.wait_s
+        told = False
+        while True:
+            answer = self._try()
+            if answer.get("held"):
+                break
+            if time.monotonic() >= deadline:
+                raise ClusterBusy(
+                    f"{self.conn.target.name}: the cluster is busy: {describe(answer.get('holder'))} "
+                    f"holds its lock ({self.path} on rank 0). Wait for it to end, or re-run with "
+                    "--wait-lock SECONDS; a holder that stopped answering loses the lock after "
+                    f"{self.stale_s:.0f} s")
+            if not told:
+                self.say(f"waiting for the cluster lock: {describe(answer.get('holder'))} holds it")
+                told = True
+            time.sleep(RETRY_S)
+        if answer.get("previous"):
+            self.say(f"note: took over the cluster lock left by {describe(answer['previous'])}: "
+                     "its holder stopped answering")
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self._beat.start()
+        return self
+
+    def _try(self) -> dict:
+        command, script = onrank.invocation_keeping_stdin(
+            "lock_holder", {"path": self.path, "holder": self.who, "stale_s": self.stale_s})
+        try:
+            channel = self.conn.spawn(command, script, None, keep_stdin=True)
+            channel.settimeout(ANSWER_TIMEOUT_S)
+            line = channel.makefile("r").readline()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise SparkstackError(f"{self.conn.target.name}: cannot take the cluster lock ({e}); "
+                                  "nothing was changed") from None
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            err = channel.makefile_stderr("r").read().decode(errors="replace").strip()
+            channel.close()
+            raise SparkstackError(f"{self.conn.target.name}: cannot take the cluster lock: "
+                                  f"{(err or line or 'no answer').splitlines()[-1]}; is python3 installed "
+                                  "on rank 0?") from None
+        if answer.get("held"):
+            self._channel = channel
+        else:
+            channel.close()
+        return answer
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.stale_s / 3):
+            try:
+                self._channel.sendall(b".\n")
+            except (OSError, EOFError, paramiko.SSHException):
+                return  # the connection is gone: the holder lapses on the rank by itself
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._channel is None:
+            return
+        try:
+            self._channel.shutdown_write()  # the holder clears the file and ends
+            deadline = time.monotonic() + 5
+            while not self._channel.exit_status_ready() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        finally:
+            self._channel.close()
+
+
+def held(loaded: Loaded, group: Group, wait_s: float = 0, say=print) -> ClusterLock:
+    """The lock on rank 0 of `group` for this command."""
+    head = next((c for c in group.connections if c.target.rank == 0), None)
+    if head is None:
+        raise SparkstackError("the cluster lock lives on rank 0, which this command does not reach")
+    return ClusterLock(head, holder(loaded), wait_s, say)
