@@ -41,6 +41,14 @@ def test_unit_runs_up_with_the_config_after_boot():
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
+def test_keep_unit_runs_the_supervisor():
+    unit = unit_of(CliRunner().invoke(main, ["systemd-unit", "-c", str(EXAMPLE_CONFIG), "--keep"]))
+    service = unit["Service"]
+    assert service["Type"] == "simple" and service["Restart"] == "on-abnormal"
+    assert systemd_words(service["ExecStart"])[1:] == ["up", "--keep", "--timeout", "1800"]
+    assert "RemainAfterExit" not in service and service["KillMode"] == "mixed"
+
+
 WEIRD = 'my configs %h $HOME "q" \\x'  # a space, a specifier, a variable, quotes, a backslash
 VENV = "venv 100% $HOME"  # systemd refuses quotes and backslashes in an executable's path
 
@@ -70,11 +78,12 @@ def test_unit_quotes_paths_as_systemd_reads_them(weird_paths):
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze (systemd's own unit parser)")
-def test_systemd_itself_accepts_the_unit(weird_paths, tmp_path):
+@pytest.mark.parametrize("keep", [[], ["--keep"]], ids=["up", "keep"])
+def test_systemd_itself_accepts_the_unit(weird_paths, tmp_path, keep):
     """systemd-analyze verify parses the unit as systemd would: an Environment= split at the
     space, or an ExecStart= path that is not the executable, fails it."""
     config, _ = weird_paths
-    result = CliRunner().invoke(main, ["systemd-unit", "-c", str(config)])
+    result = CliRunner().invoke(main, ["systemd-unit", "-c", str(config), *keep])
     assert result.exit_code == 0, result.output
     unit = tmp_path / "sparkstack-up.service"
     unit.write_text(result.output)

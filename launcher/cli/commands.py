@@ -542,9 +542,11 @@ def ansible_inventory(loaded, fmt):
 @trust_option()
 @lock_option
 @click.option("--restart", is_flag=True, help="start again even if already running as planned")
+@click.option("--keep", is_flag=True,
+              help="then keep it serving: watch every rank and the API, re-deploy on a failure (keep: in the config)")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started")
-def up(loaded, as_json, trust_new_hosts, wait_lock, restart, wait_timeout):
+def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
 
@@ -557,10 +559,16 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, wait_timeout):
     planned is left alone: `up` then changes nothing (use --restart to force).
     Ctrl+C, SIGTERM or SIGHUP: the containers this run started are stopped (exit 130); a
     second one exits without waiting for that.
+    --keep: after that, watch every rank's container and the API (keep.check_interval_s); on a
+    failure, re-deploy on every rank after a backoff (keep.backoff_s, doubling), and give up with
+    every rank stopped after keep.max_restarts_per_hour. Events go to a log `status` reads, and
+    a Prometheus textfile beside it. Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
     from ..apply import cluster_lock, deploy
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
+    if keep:
+        return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say)
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
     from ..transport import api
@@ -574,6 +582,15 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, wait_timeout):
     out.print(f"serving {loaded.profile.name} at {ep.url} "
               f"({'started' if report.changed else 'unchanged'}, {report.seconds:.1f} s)")
     _say_how_to_authenticate(loaded)
+
+
+def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say) -> None:
+    from ..apply import cluster_lock, deploy, supervisor
+
+    log = supervisor.EventLog(supervisor.log_path(loaded))
+    say(f"supervising {loaded.profile.name}: events in {log.path}, metrics in {log.path.with_suffix('.prom')}")
+    with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
+        supervisor.Supervisor(loaded, group, log, wait_timeout, say).run()
 
 
 def _say_how_to_authenticate(loaded) -> None:
@@ -607,19 +624,28 @@ def down(loaded, trust_new_hosts, wait_lock):
 @json_option
 @trust_option()
 def status(loaded, as_json, trust_new_hosts):
-    """Per rank: the serving container's state and uptime, its image, and the API on rank 0."""
+    """Per rank: the serving container's state and uptime, its image, and the API on rank 0;
+    with a supervisor (`up --keep`), its restarts and the last cause it found."""
     from ..transport import api
     from ..apply import deploy, serve
 
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
     ep = api.endpoint(loaded)
-    data = {"ranks": [s.to_json() for s in states], "api": {"url": ep.url, "healthy": api.health(ep)}}
+    from ..apply import supervisor
+
+    data = {"ranks": [s.to_json() for s in states], "api": {"url": ep.url, "healthy": api.health(ep)},
+            "keep": supervisor.summary(supervisor.log_path(loaded))}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
         _print_ranks([_status_row(s) for s in states])
         out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
+        if data["keep"]:
+            k = data["keep"]
+            out.print(f"supervisor (up --keep): {k['restarts']} restart(s)"
+                      + (f"; last cause at {k['last_cause_at']}: {k['last_cause']}" if k["last_cause"] else ""),
+                      markup=False)
     if all(s.state == "unreachable" for s in states):
         raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
@@ -850,8 +876,10 @@ def _print_errors(errors) -> None:
 @click.option("--user", default=None, help="who runs it (default: you)")
 @click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
               help="seconds `up` waits for the API")
-def systemd_unit(loaded, user, timeout):
-    """Print a systemd unit that runs `sparkstack up` on this control host after every boot."""
+@click.option("--keep", is_flag=True, help="run `up --keep`: supervise the cluster and re-deploy it after a failure")
+def systemd_unit(loaded, user, timeout, keep):
+    """Print a systemd unit that runs `sparkstack up` on this control host after every boot
+    (with --keep, `up --keep`, so a crash also ends in a serving cluster)."""
     import getpass
     import pathlib
 
@@ -861,7 +889,7 @@ def systemd_unit(loaded, user, timeout):
     click.echo(systemd_unit.render(profile=loaded.profile.name, ranks=len(loaded.cluster.ranks),
                                    user=user or getpass.getuser(), workdir=path.parent, config=path,
                                    sparkstack=pathlib.Path(sys.executable).parent / "sparkstack",  # beside its python
-                                   timeout=timeout), nl=False)
+                                   timeout=timeout, keep=keep), nl=False)
 
 
 from .sandbox import sandbox  # noqa: E402  (its own group: sparkstack sandbox up|down|status)

@@ -160,6 +160,17 @@ class MemoryGuardSettings(Strict):
     cooldown_s: float = Field(5.0, ge=0, le=600)  # between two reliefs on one rank
 
 
+class KeepSettings(Strict):
+    """`up --keep` (launcher/apply/supervisor.py): how often it looks, how it backs off, when it
+    gives up."""
+
+    check_interval_s: float = Field(10.0, gt=0, le=3600)
+    api_failures: int = Field(3, ge=1)  # /health checks missed in a row that count as a failure
+    backoff_s: float = Field(30.0, ge=0)  # before the first re-deploy; doubled after each
+    backoff_max_s: float = Field(600.0, ge=0)
+    max_restarts_per_hour: int = Field(6, ge=0)
+
+
 class Overrides(Strict):
     engine_args: list[str] = []
     env: EnvVars = {}
@@ -238,6 +249,7 @@ class Cluster(Strict):
     overrides: Overrides = Overrides()
     container: ContainerSettings = ContainerSettings()
     memory_guard: MemoryGuardSettings = MemoryGuardSettings()
+    keep: KeepSettings = KeepSettings()
     fabric: FabricSettings = FabricSettings()
     nccl: NcclSettings = NcclSettings()
     profiles_dir: UserPath | None = None

@@ -1,0 +1,185 @@
+"""`up --keep`: bring the cluster up, then keep it serving.
+
+In TP4 one dead rank (an engine crash, a rank rebooted, an NCCL timeout) leaves the API hung or
+dead. The supervisor checks every rank's container and the API every `keep.check_interval_s`;
+on a failure it re-deploys all or nothing (down on every rank, wait for memory, up) after a
+backoff that doubles up to `keep.backoff_max_s`, and gives up -- every rank stopped, the rank and
+cause named -- after `keep.max_restarts_per_hour`. Every event goes to a JSON-lines log (`status`
+shows the restarts and the last cause) and a Prometheus textfile a node exporter can scrape.
+SIGTERM or Ctrl+C while it watches: it stops watching and leaves the cluster serving.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from . import deploy, serve
+from ..errors import Interrupted, SparkstackError
+from ..inputs import apikey
+from ..inputs.config import Loaded
+from ..transport import api
+from ..transport.remote import Group
+
+HOUR_S = 3600
+
+
+class GaveUp(SparkstackError):
+    pass
+
+
+def log_dir() -> Path:
+    return apikey.state_dir() / "keep"
+
+
+def log_path(loaded: Loaded) -> Path:
+    """One log per cluster (named by rank 0's address, as the API key is)."""
+    return log_dir() / (re.sub(r"[^A-Za-z0-9._-]", "_", loaded.cluster.ranks[0].address) + ".jsonl")
+
+
+@dataclass
+class EventLog:
+    """Events as JSON lines, and the metrics file beside it rewritten after each."""
+
+    path: Path
+    restarts: int = 0
+    serving: bool = False
+    last_cause: str | None = None
+    last_event_at: float = 0.0
+
+    def add(self, kind: str, **fields) -> dict:
+        now = time.time()
+        event = {"at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+                 "event": kind, **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(event, sort_keys=True) + "\n")
+        self.restarts += kind == "restart"
+        self.serving = kind == "serving" or (self.serving and kind not in ("failure", "gave up", "up failed"))
+        self.last_cause = fields.get("cause", self.last_cause)
+        self.last_event_at = now
+        self._write_metrics()
+        return event
+
+    def _write_metrics(self) -> None:
+        text = ("# HELP sparkstack_serving 1 while the supervisor finds the cluster serving\n"
+                "# TYPE sparkstack_serving gauge\n"
+                f"sparkstack_serving {int(self.serving)}\n"
+                "# HELP sparkstack_restarts_total re-deploys by the supervisor since it started\n"
+                "# TYPE sparkstack_restarts_total counter\n"
+                f"sparkstack_restarts_total {self.restarts}\n"
+                "# HELP sparkstack_last_event_timestamp_seconds when the supervisor last logged\n"
+                "# TYPE sparkstack_last_event_timestamp_seconds gauge\n"
+                f"sparkstack_last_event_timestamp_seconds {self.last_event_at:.0f}\n")
+        tmp = self.path.with_suffix(".prom.tmp")
+        tmp.write_text(text)
+        tmp.replace(self.path.with_suffix(".prom"))
+
+
+def summary(path: Path) -> dict | None:
+    """What `status` shows: restarts and the last cause, from the log; None without one."""
+    if not path.exists():
+        return None
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    started = max((i for i, e in enumerate(events) if e["event"] == "started"), default=0)
+    current = events[started:]  # this supervisor's run
+    causes = [e for e in current if e.get("cause")]
+    return {"restarts": sum(e["event"] == "restart" for e in current),
+            "last_event": current[-1] if current else None,
+            "last_cause": causes[-1]["cause"] if causes else None,
+            "last_cause_at": causes[-1]["at"] if causes else None, "log": str(path)}
+
+
+@dataclass
+class Supervisor:
+    loaded: Loaded
+    group: Group
+    log: EventLog
+    wait_timeout: float = 900
+    say: object = print
+    sleep: object = time.sleep
+    restarts: list[float] = field(default_factory=list)  # monotonic times, within the hour
+
+    @property
+    def settings(self):
+        return self.loaded.cluster.keep
+
+    def run(self) -> None:
+        """Never returns: raises GaveUp, or Interrupted when told to stop."""
+        self.log.add("started", profile=self.loaded.profile.name)
+        backoff = self.settings.backoff_s
+        restart = False
+        while True:
+            try:
+                deploy.up(self.loaded, self.group, restart=restart, wait_timeout=self.wait_timeout, say=self.say)
+                self.log.add("serving")
+                self.say("serving; watching every rank and the API "
+                         f"(every {self.settings.check_interval_s:g} s)")
+                backoff = self.settings.backoff_s
+                cause = self._watch()
+                self.log.add("failure", cause=cause)
+            except Interrupted:
+                raise
+            except SparkstackError as e:
+                cause = e.message
+                self.log.add("up failed", cause=cause)
+            self.say(f"failure: {cause}")
+            self._count_or_give_up(cause)
+            self.say(f"re-deploying on every rank in {backoff:g} s "
+                     f"(restart {len(self.restarts)} of at most {self.settings.max_restarts_per_hour} an hour)")
+            self._pause(backoff)
+            backoff = min(backoff * 2, self.settings.backoff_max_s)
+            self.log.add("restart", attempt=len(self.restarts))
+            deploy.down(self.loaded, self.group, say=self.say)  # all or nothing: every rank, memory back
+            restart = True
+
+    def _count_or_give_up(self, cause: str) -> None:
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < HOUR_S]
+        if len(self.restarts) >= self.settings.max_restarts_per_hour:
+            stopped = serve.stop_and_say(self.group)
+            self.log.add("gave up", cause=cause)
+            raise GaveUp(f"giving up: {len(self.restarts)} restarts in the last hour and it failed again "
+                         f"({cause}); {stopped}. Fix the cause and run `sparkstack up --keep` again")
+        self.restarts.append(now)
+
+    def _pause(self, seconds: float) -> None:
+        try:
+            self.sleep(seconds)
+        except KeyboardInterrupt:
+            raise Interrupted("stopped supervising before the re-deploy; "
+                              f"{serve.stop_and_say(self.group)}") from None
+
+    def _watch(self) -> str:
+        """Until something fails: the cause, naming the rank where there is one."""
+        misses, last = 0, ""
+        endpoint = api.endpoint(self.loaded)
+        try:
+            while True:
+                self.sleep(self.settings.check_interval_s)
+                dead = [s for s in serve.states(self.group) if s.state != "running"]
+                if dead:
+                    return "; ".join(serve.diagnose(self.group, s) for s in dead)
+                ok, last = _healthy(endpoint)
+                misses = 0 if ok else misses + 1
+                if misses >= self.settings.api_failures:
+                    return (f"the API at {endpoint.url} did not answer {misses} checks in a row ({last}); "
+                            "every rank's container still runs")
+        except KeyboardInterrupt:
+            self.log.add("stopped")
+            raise Interrupted("stopped supervising; the cluster keeps serving "
+                              "(`sparkstack down` stops it)") from None
+
+
+def _healthy(endpoint: api.Endpoint) -> tuple[bool, str]:
+    try:
+        r = httpx.get(f"{endpoint.url}/health", headers=endpoint.headers, timeout=10)
+    except httpx.HTTPError as e:
+        return False, f"{type(e).__name__}: {e}"
+    return r.status_code == 200, f"HTTP {r.status_code}"
