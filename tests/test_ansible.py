@@ -49,7 +49,7 @@ FIRST_RUN = {
     "Open files and locked memory for NCCL and RDMA": "changed",
     "Read Docker's daemon.json": "ok",
     "Containers get NCCL-sized ulimits by default": "changed",
-    "Sudoers rule for dropping page caches": "changed",
+    "Sudoers rule for dropping page caches and compacting memory": "changed",
     "NFS client tools": "skipping",
     "The mount point exists": "ok",                # the sandbox's model directory is there
     "The checkpoint is in /etc/fstab": "changed",
@@ -263,7 +263,9 @@ def test_files_on_the_ranks(sandbox, play, first_run, ranks, cluster_file):  # n
         _run(sandbox, name, f"sudo -n /usr/sbin/visudo -cf {node_settings.SUDOERS_FILE}")
         # sudo -l escapes the '=' of arguments
         rules = _run(sandbox, name, "sudo -n -l")
-        assert f"(root) NOPASSWD: {node_settings.DROP_CACHES_SUDO}".replace("=", "\\=") in rules
+        assert f"(root) NOPASSWD: {', '.join(node_settings.SUDO_COMMANDS)}".replace("=", "\\=") in rules
+        # the watcher's pre-flight passes with the rule, and names exactly its two commands
+        _run(sandbox, name, node_settings.relief_sudo_check_command("spark"))
         daemon = json.loads(_run(sandbox, name, f"sudo -n cat {node_settings.DOCKER_DAEMON_JSON}"))
         assert daemon["default-ulimits"] == node_settings.docker_default_ulimits()
         if name == "spark4":

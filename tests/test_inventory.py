@@ -180,12 +180,31 @@ def test_sysctls_base_and_config_extras():
 
 def test_drop_caches_rule_is_narrow():
     assert node_settings.sudoers_rule("spark") == (
-        "spark ALL=(root) NOPASSWD: /usr/sbin/sysctl -w vm.drop_caches=3\n")
+        "spark ALL=(root) NOPASSWD: /usr/sbin/sysctl -w vm.drop_caches=3, "
+        "/usr/sbin/sysctl -w vm.compact_memory=1\n")
     assert node_settings.drop_caches_command("spark") == (
         "sync && sudo -n /usr/sbin/sysctl -w vm.drop_caches=3")
     assert node_settings.drop_caches_command("root") == "sync && echo 3 > /proc/sys/vm/drop_caches"
     with pytest.raises(NodeSettingsError, match="cannot be named in a sudoers rule"):
         node_settings.sudoers_rule("spark ALL=(ALL) NOPASSWD: ALL #")
+
+
+def test_memory_relief_uses_exactly_the_rule():
+    """The load-time watcher's drop-and-compact: by /proc as root, else `sudo -n` of exactly the
+    rule's two commands; its pre-flight asks sudo about both and nothing else."""
+    assert node_settings.COMPACT_MEMORY_SUDO == "/usr/sbin/sysctl -w vm.compact_memory=1"
+    assert node_settings.memory_relief_command("root") == (
+        "sync && echo 3 > /proc/sys/vm/drop_caches && echo 1 > /proc/sys/vm/compact_memory")
+    assert node_settings.memory_relief_command("spark") == (
+        "sync && sudo -n /usr/sbin/sysctl -w vm.drop_caches=3 && "
+        "sudo -n /usr/sbin/sysctl -w vm.compact_memory=1")
+    assert node_settings.relief_sudo_check_command("root") == "true"
+    assert node_settings.relief_sudo_check_command("spark") == (
+        "sudo -n -l /usr/sbin/sysctl -w vm.drop_caches=3 >/dev/null && "
+        "sudo -n -l /usr/sbin/sysctl -w vm.compact_memory=1 >/dev/null")
+    rule = node_settings.sudoers_rule("spark")
+    for command in node_settings.SUDO_COMMANDS:  # every sudo the relief runs is in the rule
+        assert command in rule and f"sudo -n {command}" in node_settings.memory_relief_command("spark")
 
 
 @pytest.mark.skipif(shutil.which("visudo") is None, reason="no visudo here")

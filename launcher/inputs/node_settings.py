@@ -7,11 +7,13 @@ group vars from `launcher/plan/inventory.py`. The role's templates render the sa
 
 Pure data and string rendering: nothing here touches a rank.
 
-Dropping page caches as the SSH user: a sudoers rule for exactly
-`/usr/sbin/sysctl -w vm.drop_caches=3` (no wildcard, no other argument is allowed). Chosen over a
-root-owned helper script because there is no extra file to install and keep root-owned, and
-`sync` (the first half of the seeds' `sync; echo 3 > /proc/sys/vm/drop_caches`) needs no
-privilege, so `DROP_CACHES_COMMAND` runs it before sudo.
+Dropping page caches and compacting memory as the SSH user: a sudoers rule for exactly
+`/usr/sbin/sysctl -w vm.drop_caches=3` and `/usr/sbin/sysctl -w vm.compact_memory=1` (no
+wildcard, no other argument is allowed). `prep` drops caches; the load-time watcher drops and
+then compacts (the field's fix for freezes during cold loads, issue 14). Chosen over a root-owned
+helper script because there is no extra file to install and keep root-owned, and `sync` (the
+first half of the seeds' `sync; echo 3 > /proc/sys/vm/drop_caches`) needs no privilege, so the
+commands run it before sudo.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ NOFILE = 1048576
 DROP_CACHES_SUDO = "/usr/sbin/sysctl -w vm.drop_caches=3"
 DROP_CACHES_COMMAND = f"sync && sudo -n {DROP_CACHES_SUDO}"  # for a non-root SSH user
 DROP_CACHES_AS_ROOT = "sync && echo 3 > /proc/sys/vm/drop_caches"
+COMPACT_MEMORY_SUDO = "/usr/sbin/sysctl -w vm.compact_memory=1"
+COMPACT_MEMORY_AS_ROOT = "echo 1 > /proc/sys/vm/compact_memory"
+SUDO_COMMANDS = (DROP_CACHES_SUDO, COMPACT_MEMORY_SUDO)  # the whole of the sudoers rule
 
 # earlyoom (optional): act before the kernel's OOM killer, whose freeze of a unified-memory box
 # can need a power cycle. SIGTERM at 4 % available (~5 GB on a GB10: serving leaves 9-15 GB),
@@ -124,11 +129,12 @@ def docker_default_ulimits() -> dict:
 
 # -- dropping caches ----------------------------------------------------------------------------
 def sudoers_rule(user: str) -> str:
-    """The one line letting `user` drop page caches, and nothing else, without a password."""
+    """The one line letting `user` drop page caches and compact memory, and nothing else,
+    without a password."""
     if not _USER_NAME.match(user):
         raise NodeSettingsError(f"ranks: user {user!r} cannot be named in a sudoers rule "
                                 f"(expected a plain login name)")
-    return f"{user} ALL=(root) NOPASSWD: {DROP_CACHES_SUDO}\n"
+    return f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_COMMANDS)}\n"
 
 
 def sudoers_file(user: str) -> str:
@@ -139,6 +145,22 @@ def sudoers_file(user: str) -> str:
 def drop_caches_command(user: str) -> str:
     """The shell command that drops page caches as `user` (through the sudoers rule)."""
     return DROP_CACHES_AS_ROOT if user == "root" else DROP_CACHES_COMMAND
+
+
+def memory_relief_command(user: str) -> str:
+    """The shell command that drops page caches, then compacts memory, as `user` (the load-time
+    watcher's relief below its soft floor): as root by /proc, else through the sudoers rule."""
+    if user == "root":
+        return f"{DROP_CACHES_AS_ROOT} && {COMPACT_MEMORY_AS_ROOT}"
+    return f"{DROP_CACHES_COMMAND} && sudo -n {COMPACT_MEMORY_SUDO}"
+
+
+def relief_sudo_check_command(user: str) -> str:
+    """A command that exits 0 only if `user` may run both of the rule's commands through
+    `sudo -n` (no password): `sudo -n -l CMD` lists a command only when it is allowed. Root: true."""
+    if user == "root":
+        return "true"
+    return " && ".join(f"sudo -n -l {c} >/dev/null" for c in SUDO_COMMANDS)
 
 
 # -- the checkpoint mount -----------------------------------------------------------------------

@@ -115,7 +115,7 @@ def group_vars(cluster) -> dict:
         "spark_node_docker_daemon_json": ns.DOCKER_DAEMON_JSON,
         "spark_node_docker_default_ulimits": ns.docker_default_ulimits(),
         "spark_node_sudoers_file": ns.SUDOERS_FILE,
-        "spark_node_drop_caches_sudo": ns.DROP_CACHES_SUDO,
+        "spark_node_sudo_commands": list(ns.SUDO_COMMANDS),
         "spark_node_model_path": _unsafe(cluster.model.path),
         "spark_node_earlyoom_defaults_file": ns.EARLYOOM_DEFAULTS_FILE,
         "spark_node_earlyoom_args": ns.EARLYOOM_ARGS,
