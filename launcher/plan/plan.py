@@ -18,7 +18,7 @@ from ..facts import fabric
 from ..facts.checkpoint import ModelShape, WeightSplit
 from ..facts.facts import Facts
 from ..inputs import apikey, vllm_flags, vllm_guard
-from ..inputs.config import Cluster, ContainerSettings, Loaded, rendezvous
+from ..inputs.config import Cluster, ContainerSettings, Loaded, master_port, rendezvous
 
 # A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
 # 127,600,000 kB (≈ 121.7 GiB, DESIGN.md), and MemAvailable once page caches are dropped and
@@ -194,7 +194,9 @@ def _refuse_below_floor(loaded: Loaded, sizing: kv.KvSizing, memory: dict[int, t
 def ray_note(master: str) -> str:
     """What vLLM on Ray leaves open (templates/engine/vllm-ray.j2)."""
     return (f"Ray head on rank 0, joined at {master}:{engine.RAY_PORT}; no dashboard "
-            "(--include-dashboard=false). Ray's own servers (its GCS on rank 0, raylet, object "
+            "(--include-dashboard=false). vLLM's Ray executor meets its workers at a free port it "
+            "picks on rank 0: master_port / --master-port apply to multinode: native only. "
+            "Ray's own servers (its GCS on rank 0, raylet, object "
             "manager and workers on every rank) listen on every interface whatever the flags (Ray has "
             "no option to bind them) and run code for whoever reaches them: keep the ranks' networks "
             "private, or firewall those ports to the ranks (see them: ss -ltnp)")
@@ -451,7 +453,7 @@ def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: 
             managed.append(F("--distributed-executor-backend", ("ray",)))
         elif len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
             managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
-                        F("--master-addr", (master,))]
+                        F("--master-addr", (master,)), F("--master-port", (str(master_port(loaded)),))]
             if r > 0:
                 managed.append(F("--headless"))
         args = vllm_flags.render(vllm_flags.merge(flags, managed))
@@ -461,11 +463,12 @@ def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: 
 
 def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int, master: str) -> list[str]:
     """Seed 001's recipe (one-shot.sh): `serve MODEL --tp N --rank R --master M --port P --host
-    0.0.0.0 --name NAME`, then the profile's flags and the config's (TensorFold's argparse takes
+    0.0.0.0 --name NAME` plus an explicit --master-port (config.master_port), then the profile's flags and the config's (TensorFold's argparse takes
     the last of a repeated flag, so the config's win). --host: TensorFold listens on 127.0.0.1
     by default, which the control host cannot reach."""
     cluster = loaded.cluster
     managed = ["--tp", str(len(cluster.ranks)), "--rank", str(r), "--master", master,
-               "--port", str(port), "--host", "0.0.0.0", "--name", served]
+               "--master-port", str(master_port(loaded)), "--port", str(port), "--host", "0.0.0.0",
+               "--name", served]
     return managed + vllm_flags.split_lines(loaded.profile.args) + vllm_flags.split_lines(
         cluster.overrides.engine_args)
