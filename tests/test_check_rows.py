@@ -165,6 +165,20 @@ def test_swap_on_warns_when_memory_was_squeezed(monkeypatch, sandbox_config, fab
              "`sudo swapoff -a && sudo swapon -a` empties it")
 
 
+def test_swap_on_fails_when_the_config_says_no_swap(monkeypatch, tmp_path, fabric_facts):
+    """overrides.no_swap (or a seed-001 profile's no_swap): any swap on a rank fails it, even
+    unused, with `prep` as the fix; a rank without swap passes."""
+    loaded = sandbox_cluster(tmp_path, overrides={"no_swap": True})
+    inp = inputs(loaded, fabric_facts, {2: {"memory": gb10_meminfo(16 << 20, 16 << 20)}})
+    value = "16.0 GiB on (0.0 GiB used); overrides.no_swap says no swap"
+    assert (row(check.evaluate(inp), 2, "swap").status, row(check.evaluate(inp), 2, "swap").value) == ("fail", value)
+    result = cli_check(monkeypatch, inp)
+    assert result.exit_code != 0, result.output
+    assert table_cells(result, "swap") == ["pass", "pass", "FAIL", "pass"]
+    said(result, "FAIL", 2, "spark3", "swap", value, "`sparkstack prep` turns it off (swapoff -a, swap "
+         "lines of /etc/fstab commented out), or the Ansible role spark_node")
+
+
 def test_wrong_and_absent_sysctls_warn_with_prep_as_the_fix(monkeypatch, tmp_path, fabric_facts):
     """A freshly booted rank (facts_cases/sysctls.json: swappiness 60, compaction 20) and a
     sysctl the config asks for that its kernel lacks: one warn naming each, check exits 0."""

@@ -75,6 +75,29 @@ def test_nfs_mount_on_clients_bind_mount_on_the_server(write_config, spark_facts
     assert [s.name.split()[0] for s in steps][-2:] == ["mount", "drop"]  # mount before the drop
 
 
+def test_swap_off_when_the_profile_or_config_says_no_swap(write_config, spark_facts):
+    """Seed 001's profiles say no swap: a rank with swap gets `swapoff -a` and its fstab swap
+    lines commented out, as a root step before the drop; a rank without swap is left as it is;
+    keys-1m-dcp4 (seed 000, silent on swap) touches no swap unless overrides.no_swap asks."""
+    swapped = dataclasses.replace(spark_facts, memory=dataclasses.replace(
+        spark_facts.memory, swap_total=16 * GIB, swap_free=15 * GIB))
+    keys35 = config.load(write_config(lambda d: d.update(profile="keys35-200k")))
+    steps = prep.plan_rank(keys35, 1, swapped)
+    assert [s.name for s in steps][-2:] == ["swap off", "drop caches"]
+    swap = steps[-2]
+    assert swap.needed and swap.root and swap.detail == "16.0 GiB swap"
+    assert swap.command == node_settings.swap_off_command() and swap.command.startswith("swapoff -a && sed -ri ")
+    without = prep.swap_step(keys35, spark_facts)  # SwapTotal 0
+    assert not without.needed and without.detail == "no swap"
+    keys = config.load(write_config())
+    assert prep.swap_step(keys, swapped) is None
+    asked = config.load(write_config(lambda d: d["overrides"].update(no_swap=True)))
+    assert prep.swap_step(asked, swapped).needed
+    allowed = config.load(write_config(lambda d: d.update(profile="keys35-200k") or
+                                       d["overrides"].update(no_swap=False)))
+    assert prep.swap_step(allowed, swapped) is None
+
+
 def test_no_mount_without_nfs(write_config, spark_facts):
     assert prep.mount_step(config.load(write_config()), 0, spark_facts) is None
 

@@ -31,7 +31,7 @@ from ..errors import SparkstackError
 from ..facts import fabric
 from ..facts.facts import UNLIMITED, Facts
 from ..inputs import apikey, node_settings, vllm_guard
-from ..inputs.config import Loaded
+from ..inputs.config import Loaded, no_swap
 from ..onrank.probe import NOT_ANSWERING
 from ..plan.kv import GIB, gib
 from ..plan.plan import MemoryNeed, Plan, memory_guard, rank_memory
@@ -392,6 +392,13 @@ def _check_swap(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("swap", Status.PASS, "none")
         return
     used = m.swap_total - m.swap_free
+    if no_swap(inp.loaded):
+        where = ("overrides.no_swap" if inp.loaded.cluster.overrides.no_swap is not None
+                 else f"profile {inp.loaded.profile.name}")
+        rr.add("swap", Status.FAIL, f"{gib(m.swap_total)} on ({gib(used)} used); {where} says no swap",
+               "`sparkstack prep` turns it off (swapoff -a, swap lines of /etc/fstab commented out), "
+               "or the Ansible role spark_node")
+        return
     if used > SWAP_USED_WARN:
         rr.add("swap", Status.WARN, f"{gib(used)} of {gib(m.swap_total)} swapped out: memory was squeezed",
                "find what pushed it out (`ps aux --sort=-rss`); `sudo swapoff -a && sudo swapon -a` empties it")

@@ -523,9 +523,10 @@ def ansible_inventory(loaded, fmt):
       sparkstack ansible-inventory -c cluster.yaml > inventory.ini
       ANSIBLE_CONFIG=ansible/ansible.cfg ansible-playbook -i inventory.ini ansible/spark.yml
     """
+    from ..inputs.config import no_swap
     from ..plan import inventory
 
-    click.echo(inventory.render(loaded.cluster, fmt), nl=False)
+    click.echo(inventory.render(loaded.cluster, fmt, no_swap(loaded)), nl=False)
 
 
 @main.command()

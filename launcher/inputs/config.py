@@ -166,6 +166,7 @@ class Overrides(Strict):
     open_api: bool = False
     secret_env: list[str] = []  # env names masked in output beyond *TOKEN*, *KEY*, ... (redact.py)
     sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
+    no_swap: bool | None = None  # swap off on every rank (`prep`, `check`); unset: the profile's
 
     @field_validator("api_key")
     @classmethod
@@ -299,6 +300,12 @@ def master_port(loaded: Loaded) -> int:
         return loaded.cluster.master_port
     given = vllm_flags.value(loaded.flags, "master_port")
     return int(given) if given else MASTER_PORTS[loaded.profile.engine]
+
+
+def no_swap(loaded: Loaded) -> bool:
+    """Whether the ranks must run without swap: overrides.no_swap, else the profile's no_swap."""
+    given = loaded.cluster.overrides.no_swap
+    return loaded.profile.no_swap if given is None else given
 
 
 def config_path(given: str | None) -> Path:

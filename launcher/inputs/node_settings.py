@@ -55,6 +55,29 @@ EARLYOOM_PREFER = "^(VLLM::|pt_main_thread|vllm)"
 EARLYOOM_AVOID = "^(sshd|dockerd|containerd|systemd|earlyoom|init)"
 EARLYOOM_ARGS = f"-m 4,2 -s 100 -r 3600 --prefer {EARLYOOM_PREFER} --avoid {EARLYOOM_AVOID}"
 
+# No swap (seed 001: "~9-15 GB free on every Spark while serving, no swap"), when the profile or
+# cluster.yaml asks: a GB10's swap pages out what the GPU shares with the CPU and stalls the box
+# instead of failing. Kept off across reboots by commenting the swap lines of /etc/fstab out (the
+# Ansible role also masks swap.target, so systemd starts no swap unit at boot).
+FSTAB = "/etc/fstab"
+SWAP_FSTAB_MARK = "# sparkstack (no swap):"  # then a space and the line as it was
+# an fstab line whose third field (vfstype) is swap, not already a comment: for sed (POSIX ERE,
+# `prep`) and for Python's re (the Ansible role's replace task); tests check they agree
+_SWAP_LINE = r"[^#[:space:]][^[:space:]]*[[:space:]]+[^[:space:]]+[[:space:]]+swap([[:space:]].*)?"
+SWAP_LINE_RE = r"^([^#\s]\S*[ \t]+\S+[ \t]+swap([ \t].*)?)$"  # [ \t]: \s would span lines
+
+
+def comment_out_swap_command(fstab: str = FSTAB) -> str:
+    """sed that comments out every active swap line of `fstab` (idempotent: a commented line
+    no longer matches)."""
+    return f"sed -ri 's|^({_SWAP_LINE})$|{SWAP_FSTAB_MARK} \\1|' {fstab}"
+
+
+def swap_off_command(fstab: str = FSTAB) -> str:
+    """As root: swap off now, and off after a reboot."""
+    return f"swapoff -a && {comment_out_swap_command(fstab)}"
+
+
 # The checkpoint is only read; nofail so a Spark still boots (and is reachable to fix) when the
 # NFS server is down; _netdev orders the mount after the network.
 # A hard mount (the default) makes every read of a dead server wait for good: the engine's

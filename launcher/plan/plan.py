@@ -31,6 +31,11 @@ FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCK
 # Every container's environment travels on stdin (env_file), never as `-e` on a command line,
 # where `ps` on the rank would show each value to every local user.
 ENV_FROM_STDIN = ["--env-file", "/dev/stdin"]
+# The engine is the first to go when memory runs out: the kernel's OOM killer and earlyoom both
+# pick the highest oom_score, which this raises for every process of the container, whatever the
+# engine calls its processes (earlyoom's --prefer matches names: vLLM's, not `python3 -m
+# tensorfold.cli`'s), and on a GB10 the GPU memory it holds need not count in its RSS.
+OOM_SCORE_ADJ = 1000
 AUTO = -1  # vLLM's --max-model-len auto (also written -1)
 
 
@@ -428,10 +433,11 @@ def host_settings(c: ContainerSettings) -> list[str]:
 
 def _docker_run(loaded: Loaded, r: int, image: str) -> list[str]:
     """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
-    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path; its environment
-    on stdin (env_file)."""
+    RDMA devices, NCCL-sized ulimits, first in line for the OOM killers (OOM_SCORE_ADJ), the
+    checkpoint read-only at the same path; its environment on stdin (env_file)."""
     model = loaded.cluster.model.path
-    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container)]
+    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container),
+            "--oom-score-adj", str(OOM_SCORE_ADJ)]
     argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
              "--label", f"org.sparkstack.profile={loaded.profile.name}",
              "--label", f"org.sparkstack.rank={r}", *ENV_FROM_STDIN]
