@@ -589,30 +589,38 @@ def down(loaded, trust_new_hosts):
 @json_option
 @trust_option()
 def status(loaded, as_json, trust_new_hosts):
-    """Per rank: the serving container's state and uptime, its image, and the API on rank 0."""
+    """Per rank: the serving container's state and uptime, the rank's MemAvailable now, its
+    image, and the API on rank 0."""
     from ..transport import api
-    from ..apply import deploy, serve
+    from ..apply import deploy, prep, serve
 
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
+        mem = prep.read_mem_available(group, [s.rank for s in states if s.state != "unreachable"])
     ep = api.endpoint(loaded)
-    data = {"ranks": [s.to_json() for s in states], "api": {"url": ep.url, "healthy": api.health(ep)}}
+    available = {r: v if isinstance(v, int) else None for r, v in mem.items()}
+    data = {"ranks": [{**s.to_json(), "mem_available": available.get(s.rank)} for s in states],
+            "api": {"url": ep.url, "healthy": api.health(ep)}}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_ranks([_status_row(s) for s in states])
+        _print_ranks([_status_row(s, mem.get(s.rank)) for s in states])
         out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
     if all(s.state == "unreachable" for s in states):
         raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
 
 
-def _status_row(s) -> tuple:
+def _status_row(s, mem: int | str | None) -> tuple:
     """A rank's row; why a rank is unreachable (or unknown) goes last, where a long text pushes
-    no other column aside."""
+    no other column aside. `mem`: its MemAvailable, or why it could not be read."""
+    from ..plan.kv import gib
+
+    shown = "" if mem is None else f"MemAvailable {gib(mem) if isinstance(mem, int) else '?'}"
     if s.state in ("unreachable", "unknown"):
-        return s.rank, s.host, s.state, s.image, s.describe()
-    return s.rank, s.host, s.describe(), s.image, f"since {s.started_at}" if s.state == "running" else ""
+        return s.rank, s.host, s.state, shown, s.image, s.describe()
+    return (s.rank, s.host, s.describe(), shown, s.image,
+            f"since {s.started_at}" if s.state == "running" else "")
 
 
 @main.command()
