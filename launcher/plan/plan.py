@@ -184,16 +184,29 @@ def _refuse_below_floor(loaded: Loaded, sizing: kv.KvSizing, memory: dict[int, t
         free = sizing.free_while_serving(avail)
         if free >= floor:
             continue
-        b, o = sizing.budget, loaded.cluster.overrides
         raise PlanRefused(
             f"profile {loaded.profile.name}: rank {r} ({loaded.cluster.ranks[r].label}) would keep "
             f"{kv.gib(free)} free while serving, below overrides.free_floor_gib {kv.gib(floor)}: "
-            f"MemAvailable {kv.gib(avail)} − weights {kv.gib(b.weights)} − runtime "
-            f"{kv.gib(b.runtime_overhead)} − KV {kv.gib(sizing.kv_cache_memory_bytes)} ({sizing.policy}). "
-            f"Fix: a smaller KV pool (a smaller kv.target in the profile, fewer sequences, a shorter "
-            f"--max-model-len), overrides.headroom_gib ({o.headroom_gib:g}) at least the floor, or "
-            "more MemAvailable on that rank (sparkstack prep); kv_policy: max only makes the pool "
-            "larger and does not help")
+            f"{explain_free(sizing, avail)}. Fix: {free_floor_fix(loaded)}")
+
+
+def explain_free(sizing: kv.KvSizing, avail: int) -> str:
+    """How a rank's memory free while serving is reckoned (shared by `plan` and `check`)."""
+    b = sizing.budget
+    return (f"MemAvailable {kv.gib(avail)} − weights {kv.gib(b.weights)} − runtime "
+            f"{kv.gib(b.runtime_overhead)} − KV {kv.gib(sizing.kv_cache_memory_bytes)} ({sizing.policy})")
+
+
+def free_floor_fix(loaded: Loaded) -> str:
+    return (f"a smaller KV pool (a smaller kv.target in the profile, fewer sequences, a shorter "
+            f"--max-model-len), overrides.headroom_gib ({loaded.cluster.overrides.headroom_gib:g}) at "
+            "least the floor, or more MemAvailable on that rank (sparkstack prep); kv_policy: max only "
+            "makes the pool larger and does not help")
+
+
+def serving_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int]]) -> kv.KvSizing:
+    """The KV pool the plan would size for ranks with `memory` (PlanRefused when none fits)."""
+    return _size_kv(loaded, model, memory, [])
 
 
 def ray_note(master: str) -> str:
