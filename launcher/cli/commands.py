@@ -780,7 +780,9 @@ def prep(loaded, as_json, no_drop, wait_timeout, trust_new_hosts):
 
     \b
     Sets the sysctls of launcher/inputs/node_settings.py (vm.swappiness=1,
-    vm.compaction_proactiveness=0, plus overrides), mounts the checkpoint's NFS export at
+    vm.compaction_proactiveness=0, plus overrides), turns swap off when the profile or
+    overrides.no_swap says no swap (swapoff -a; swap lines of /etc/fstab commented out, so it
+    stays off after a reboot), mounts the checkpoint's NFS export at
     model.path when the config names one and it is not mounted (the NFS server's own node
     bind-mounts its export there), drops page caches and waits until every rank's MemAvailable
     covers what the plan needs. Reports per rank what changed and what was already set.
