@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -239,6 +240,30 @@ def test_without_sudo_a_clear_error_names_the_rank(sandbox, nosudo_on_spark3, tm
     finally:
         for name, values in before.items():
             sandbox.run(name, "sudo sysctl -q " + " ".join(f"-w {k}={v}" for k, v in values.items()))
+
+
+def test_relief_sudo_check_passes_only_with_both_commands_allowed(sandbox, nosudo_on_spark3):
+    """The load-time watcher's pre-flight (node_settings.relief_sudo_check_command) against real
+    sudo: it fails for a user with no rule, and for one with only the old drop-caches rule, and
+    passes once the rule allows exactly both commands without a password."""
+    user, rule = nosudo_on_spark3, "/etc/sudoers.d/sparkstack-test-relief"
+    check_relief = node_settings.relief_sudo_check_command(user)
+
+    def install(text: str) -> None:
+        rc, out, err = sandbox.run("spark3", f"printf %s {shlex.quote(text)} | sudo -n tee {rule} >/dev/null && "
+                                             f"sudo -n chmod 0440 {rule} && sudo -n visudo -cf {rule}")
+        assert rc == 0, err or out
+
+    try:
+        assert sandbox.run("spark3", check_relief, user=user)[0] != 0  # no rule at all
+        install(f"{user} ALL=(root) NOPASSWD: {node_settings.DROP_CACHES_SUDO}\n")
+        assert sandbox.run("spark3", check_relief, user=user)[0] != 0  # the drop alone is not enough
+        install(node_settings.sudoers_file(user))
+        rc, out, err = sandbox.run("spark3", check_relief, user=user)
+        assert rc == 0, err or out
+        assert sandbox.run("spark3", "sudo -n /usr/sbin/sysctl -w vm.swappiness=1", user=user)[0] != 0  # nothing else
+    finally:
+        sandbox.run("spark3", f"sudo -n rm -f {rule}")
 
 
 def test_bind_mount_on_the_nfs_servers_own_rank(sandbox, tmp_path):
