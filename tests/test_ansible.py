@@ -49,7 +49,11 @@ FIRST_RUN = {
     "Open files and locked memory for NCCL and RDMA": "changed",
     "Read Docker's daemon.json": "ok",
     "Containers get NCCL-sized ulimits by default": "changed",
-    "Sudoers rule for dropping page caches": "changed",
+    "Swap lines in /etc/fstab are commented out": "changed",  # the fixture's swap line
+    "Systemd starts no swap at boot": "skipping",   # no services in the sandbox
+    "Read the active swap": "skipping",             # the sandbox's /proc/swaps is the host's
+    "Swap is off now": "skipping",
+    "Sudoers rule for dropping page caches and compacting memory": "changed",
     "NFS client tools": "skipping",
     "The mount point exists": "ok",                # the sandbox's model directory is there
     "The checkpoint is in /etc/fstab": "changed",
@@ -75,7 +79,8 @@ for path in sys.argv[2:]:
     if os.path.exists(path):
         os.remove(path)
 fstab = open("/etc/fstab").read().splitlines(True) if os.path.exists("/etc/fstab") else []
-kept = [l for l in fstab if not re.match(r"^\S+\s+" + re.escape(model) + r"/?\s", l)]
+kept = [l for l in fstab if not re.match(r"^\S+\s+" + re.escape(model) + r"/?\s", l)
+        and "/sparkstack-test-swapfile " not in l]
 if kept != fstab:
     open("/etc/fstab", "w").write("".join(kept))
 daemon = "/etc/docker/daemon.json"
@@ -113,6 +118,9 @@ def _live_vm(sandbox, name: str) -> dict[str, str]:  # noqa: F811
 def _set_vm(sandbox, name: str, values: dict[str, str]) -> None:  # noqa: F811
     _run(sandbox, name, "sudo -n /usr/sbin/sysctl -q " + " ".join(f"-w vm.{k}={v}" for k, v in values.items()))
 
+
+# A swap line as DGX OS's installer writes one; the play (spark_node_no_swap) must comment it out.
+TEST_SWAP_LINE = "/sparkstack-test-swapfile none swap sw 0 0"
 
 MARKER = "/run/sparkstack-test-ansible"  # /run is a tmpfs of the container: gone if it is recreated
 
@@ -194,6 +202,8 @@ def ranks(sandbox):  # noqa: F811
             _set_vm(sandbox, name, KERNEL_DEFAULTS)
     if not before["spark4"][1]:
         _run(sandbox, "spark4", f"echo {shlex.quote(json.dumps(OWN_DAEMON_JSON))} | sudo -n tee {daemon}")
+    for name in sandbox.names:
+        _run(sandbox, name, f"echo {shlex.quote(TEST_SWAP_LINE)} | sudo -n tee -a /etc/fstab >/dev/null")
     _mark(sandbox, sandbox.names)
     yield sandbox.names
     for name, (vm, had_daemon_json) in before.items():
@@ -224,7 +234,9 @@ def play(sandbox, ranks, cluster_file):  # noqa: F811
     assert shadows == {n: "tmpfs" for n in ranks}, \
         f"a sandbox rank does not shadow /proc/sys/vm (sandbox-rank-init): {shadows}; not running the play"
     # earlyoom on: its settings file is written (the package and service stay off in the sandbox)
-    play = Play(sandbox, ranks, inv, ["-e", "spark_node_earlyoom=true", "-e", "spark_node_apply_live=true"])
+    # no swap (seed 001): the fstab edit only, swapoff stays off in the sandbox (spark_node_swapoff_now)
+    play = Play(sandbox, ranks, inv, ["-e", "spark_node_earlyoom=true", "-e", "spark_node_apply_live=true",
+                                      "-e", "spark_node_no_swap=true"])
     yield play
     print("\nansible-playbook timings on 4 ranks: "
           + ", ".join(f"{k} {v:.1f} s" for k, v in play.timings.items()))
@@ -240,8 +252,8 @@ def test_first_run_changes_what_it_should(play, first_run, ranks):
     rc, output, recap, _ = first_run
     assert rc == 0, output[-3000:]
     assert task_statuses(output) == {n: FIRST_RUN for n in ranks}, output[-3000:]
-    ran = sum(status in ("ok", "changed") for status in FIRST_RUN.values())  # 11
-    changed = sum(status == "changed" for status in FIRST_RUN.values())  # 7
+    ran = sum(status in ("ok", "changed") for status in FIRST_RUN.values())  # 12
+    changed = sum(status == "changed" for status in FIRST_RUN.values())  # 8
     assert recap == {n: {"ok": ran, "changed": changed, "unreachable": 0, "failed": 0}
                      for n in ranks}, output[-3000:]
 
@@ -263,12 +275,15 @@ def test_files_on_the_ranks(sandbox, play, first_run, ranks, cluster_file):  # n
         _run(sandbox, name, f"sudo -n /usr/sbin/visudo -cf {node_settings.SUDOERS_FILE}")
         # sudo -l escapes the '=' of arguments
         rules = _run(sandbox, name, "sudo -n -l")
-        assert f"(root) NOPASSWD: {node_settings.DROP_CACHES_SUDO}".replace("=", "\\=") in rules
+        assert f"(root) NOPASSWD: {', '.join(node_settings.SUDO_COMMANDS)}".replace("=", "\\=") in rules
+        # the watcher's pre-flight passes with the rule, and names exactly its two commands
+        _run(sandbox, name, node_settings.relief_sudo_check_command("spark"))
         daemon = json.loads(_run(sandbox, name, f"sudo -n cat {node_settings.DOCKER_DAEMON_JSON}"))
         assert daemon["default-ulimits"] == node_settings.docker_default_ulimits()
         if name == "spark4":
             assert daemon["labels"] == OWN_DAEMON_JSON["labels"]  # merged into, not replaced
         fstab = _run(sandbox, name, "cat /etc/fstab").splitlines()
+        assert f"{node_settings.SWAP_FSTAB_MARK} {TEST_SWAP_LINE}" in fstab and TEST_SWAP_LINE not in fstab
         assert [line for line in fstab if f" {model} " in line] == [node_settings.fstab_entry(cluster, i)]
         assert _live_vm(sandbox, name) == {"swappiness": "1", "compaction_proactiveness": "0"}
         _run(sandbox, name, node_settings.drop_caches_command("spark"))  # what the sudoers rule allows

@@ -507,7 +507,8 @@ def test_healthy_sandbox(sandbox, loaded):
         sandbox.run(name, "sudo sysctl -q -w vm.swappiness=1 vm.compaction_proactiveness=0")
     report = check.run(loaded, image=sandbox.images["vllm"])
     s = statuses(report)
-    for name in ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "link",
+    for name in ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "free while serving", "swap",
+                 "sysctls", "link",
                  "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock"):
         assert s[name] == {"pass"}, (name, [row(report, r, name) for r in range(4)])
     assert s["ulimits"] == {"warn"} and s["roce"] == {"warn"}  # the twins are unaddressed

@@ -165,6 +165,47 @@ def test_swap_on_warns_when_memory_was_squeezed(monkeypatch, sandbox_config, fab
              "`sudo swapoff -a && sudo swapon -a` empties it")
 
 
+def test_free_while_serving_from_each_ranks_measured_memory(monkeypatch, tmp_path, fabric_facts):
+    """`plan` expects free memory from offline figures; `check` reckons it from each rank's
+    measured MemAvailable: spark3 has 20 GiB less than the others, and with the pool taking all
+    that fits beside a 4 GiB headroom it would keep 4 GiB free while serving, below the 8 GiB
+    floor: that rank fails with the fix, the others (24 GiB more free) pass."""
+    gib_ = 1 << 30
+    loaded = sandbox_cluster(tmp_path, overrides={"kv_policy": "max", "headroom_gib": 4})
+    low = facts.Memory(127_600_000 * 1024, 98 * gib_, 90 * gib_, 1 * gib_, 0, 0, 0)
+    inp = inputs(loaded, fabric_facts, {2: {"memory": low}})
+    report = check.evaluate(inp)
+    kv_bytes = inp.kv().kv_cache_memory_bytes
+    assert kv_bytes == (98 * gib_ - int(0.01 * gib_) - 14 * gib_ - 4 * gib_) // (1 << 20) * (1 << 20)
+    failed = row(report, 2, "free while serving")
+    assert failed.status == "fail" and failed.value.startswith("4.0 GiB = MemAvailable 98.0 GiB − weights ")
+    assert failed.value.endswith("(max) < overrides.free_floor_gib 8.0 GiB")
+    for r in (0, 1, 3):
+        ok = row(report, r, "free while serving")
+        avail = inp.facts[r].memory.available
+        assert ok.status == "pass" and ok.value.startswith(f"{(avail - 98 * gib_ + 4 * gib_) / gib_:.1f} GiB = "
+                                                           f"MemAvailable {avail / gib_:.1f} GiB")
+    result = cli_check(monkeypatch, inp)
+    assert result.exit_code != 0, result.output
+    assert table_cells(result, "free while serving") == ["pass", "pass", "FAIL", "pass"]
+    said(result, "FAIL", 2, "spark3", "free while serving", failed.value, failed.fix)
+    assert "overrides.headroom_gib (4) at least the floor" in failed.fix
+
+
+def test_swap_on_fails_when_the_config_says_no_swap(monkeypatch, tmp_path, fabric_facts):
+    """overrides.no_swap (or a seed-001 profile's no_swap): any swap on a rank fails it, even
+    unused, with `prep` as the fix; a rank without swap passes."""
+    loaded = sandbox_cluster(tmp_path, overrides={"no_swap": True})
+    inp = inputs(loaded, fabric_facts, {2: {"memory": gb10_meminfo(16 << 20, 16 << 20)}})
+    value = "16.0 GiB on (0.0 GiB used); overrides.no_swap says no swap"
+    assert (row(check.evaluate(inp), 2, "swap").status, row(check.evaluate(inp), 2, "swap").value) == ("fail", value)
+    result = cli_check(monkeypatch, inp)
+    assert result.exit_code != 0, result.output
+    assert table_cells(result, "swap") == ["pass", "pass", "FAIL", "pass"]
+    said(result, "FAIL", 2, "spark3", "swap", value, "`sparkstack prep` turns it off (swapoff -a, swap "
+         "lines of /etc/fstab commented out), or the Ansible role spark_node")
+
+
 def test_wrong_and_absent_sysctls_warn_with_prep_as_the_fix(monkeypatch, tmp_path, fabric_facts):
     """A freshly booted rank (facts_cases/sysctls.json: swappiness 60, compaction 20) and a
     sysctl the config asks for that its kernel lacks: one warn naming each, check exits 0."""

@@ -84,9 +84,10 @@ def test_ship_takes_the_profile_flag(tmp_path):
 def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     """`status` as a log or a pipe gets it (80 columns): a rank's long reason for being
     unreachable stays on its rank's line, last, and pushes the image column of the others
-    aside no further than their own states; no line ends in blanks. --json is unchanged."""
+    aside no further than their own states; no line ends in blanks. Each reachable rank's
+    MemAvailable now (issue 14), `?` where it could not be read; --json carries it in bytes."""
     import contextlib
-    from launcher.apply import deploy, serve
+    from launcher.apply import deploy, prep, serve
     from launcher.transport import api
     from test_check import sandbox_cluster
 
@@ -98,14 +99,19 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     monkeypatch.setattr(deploy, "group_for", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(serve, "states", lambda group: states)
     monkeypatch.setattr(api, "health", lambda ep: False)
+    asked, GIB = [], 1 << 30
+    mem = {0: 117 * GIB, 1: 10 * GIB + GIB // 2, 2: "rank 2 (spark3): timed out"}
+    monkeypatch.setattr(prep, "read_mem_available", lambda group, ranks: asked.append(ranks) or mem)
     cfg = str(sandbox_cluster(tmp_path).path)
     lines = cli("status", "-c", cfg).output.splitlines()
-    assert lines[:4] == ["rank 0 172.31.240.11  absent",
-                         "rank 1 172.31.240.12  running             img:1  since 2026-01-01T00:00:00Z",
-                         "rank 2 172.31.240.13  exited with code 3  img:1",
-                         f"rank 3 172.31.240.14  unreachable                {why}"]
+    assert asked == [[0, 1, 2]]  # not the unreachable rank
+    assert lines[:4] == ["rank 0 172.31.240.11  absent              MemAvailable 117.0 GiB",
+                         "rank 1 172.31.240.12  running             MemAvailable 10.5 GiB   img:1  since 2026-01-01T00:00:00Z",
+                         "rank 2 172.31.240.13  exited with code 3  MemAvailable ?          img:1",
+                         f"rank 3 172.31.240.14  unreachable                                        {why}"]
     assert lines[4] == "API http://172.31.240.11:8888: not answering" and len(lines) == 5
-    assert json.loads(cli("status", "-c", cfg, "--json").output)["ranks"] == [s.to_json() for s in states]
+    assert json.loads(cli("status", "-c", cfg, "--json").output)["ranks"] == [
+        {**s.to_json(), "mem_available": [117 * GIB, 10 * GIB + GIB // 2, None, None][s.rank]} for s in states]
 
 
 # --- on the sandbox -----------------------------------------------------------------------------
@@ -204,8 +210,8 @@ def test_logs_follow_streams_and_stops_cleanly(sandbox):
 
 def test_status_table_one_row_per_rank(sandbox, tmp_path):
     """`status` with spark2 serving, spark3's container exited with code 3, spark4 unreachable:
-    one row per rank in rank order (rank, address, state, image, since), the image column
-    aligned, then the API's line; exit 0 since some rank answered."""
+    one row per rank in rank order (rank, address, state, MemAvailable, image, since), the image
+    column aligned, then the API's line; exit 0 since some rank answered."""
     doc = yaml.safe_load(Path(sandbox.config).read_text())
     doc["ranks"][3]["port"] = 1  # nothing listens there: refused at once
     cfg = tmp_path / "cluster.yaml"
@@ -223,9 +229,12 @@ def test_status_table_one_row_per_rank(sandbox, tmp_path):
     lines = result.output.splitlines()
     assert len(lines) == 5, lines
     addr = [r["address"] for r in doc["ranks"]]
-    assert lines[0].split() == ["rank", "0", addr[0], "absent"]
-    assert lines[1].split() == ["rank", "1", addr[1], "running", image, "since", started]
-    assert lines[2].split() == ["rank", "2", addr[2], "exited", "with", "code", "3", image]
+    mem = [line.split("MemAvailable ")[1].split()[:2] if "MemAvailable " in line else None for line in lines]
+    assert all(m and float(m[0]) > 0 and m[1] == "GiB" for m in mem[:3]) and mem[3] is None, lines
+    cells = [line.split() for line in lines]
+    assert cells[0] == ["rank", "0", addr[0], "absent", "MemAvailable", *mem[0]]
+    assert cells[1] == ["rank", "1", addr[1], "running", "MemAvailable", *mem[1], image, "since", started]
+    assert cells[2] == ["rank", "2", addr[2], "exited", "with", "code", "3", "MemAvailable", *mem[2], image]
     assert lines[3].startswith(f"rank 3 {addr[3]} ") and "rank 3 (spark4): " in lines[3]
     assert "unreachable (connection refused)" in lines[3]
     assert lines[1].index(image) == lines[2].index(image)  # one column

@@ -180,12 +180,56 @@ def test_sysctls_base_and_config_extras():
 
 def test_drop_caches_rule_is_narrow():
     assert node_settings.sudoers_rule("spark") == (
-        "spark ALL=(root) NOPASSWD: /usr/sbin/sysctl -w vm.drop_caches=3\n")
+        "spark ALL=(root) NOPASSWD: /usr/sbin/sysctl -w vm.drop_caches=3, "
+        "/usr/sbin/sysctl -w vm.compact_memory=1\n")
     assert node_settings.drop_caches_command("spark") == (
         "sync && sudo -n /usr/sbin/sysctl -w vm.drop_caches=3")
     assert node_settings.drop_caches_command("root") == "sync && echo 3 > /proc/sys/vm/drop_caches"
     with pytest.raises(NodeSettingsError, match="cannot be named in a sudoers rule"):
         node_settings.sudoers_rule("spark ALL=(ALL) NOPASSWD: ALL #")
+
+
+def test_prep_and_the_role_comment_out_the_same_swap_lines(tmp_path):
+    """`prep`'s sed (POSIX ERE) and the role's replace task (Python's re, what Ansible runs)
+    comment out the same fstab lines, the swap ones only, and a second run changes nothing."""
+    import re
+
+    fstab = ("UUID=ab12 / ext4 errors=remount-ro 0 1\n/swap.img\tnone\tswap\tsw\t0\t0\n"
+             "# /old.img none swap sw 0 0\nUUID=cd34 none swap sw,pri=5 0 0\n"
+             "/srv/swap /mnt/swap ext4 defaults 0 0\n/z.img none swap\n/w.img none swap sw 0 0\nnas:/swap /mnt/x nfs ro 0 0\n")
+    path = tmp_path / "fstab"
+    path.write_text(fstab)
+    sed = ["sh", "-c", node_settings.comment_out_swap_command(str(path))]
+    subprocess.run(sed, check=True)
+    by_sed = path.read_text()
+    mark = node_settings.SWAP_FSTAB_MARK
+    assert by_sed.splitlines() == [
+        "UUID=ab12 / ext4 errors=remount-ro 0 1", f"{mark} /swap.img\tnone\tswap\tsw\t0\t0",
+        "# /old.img none swap sw 0 0", f"{mark} UUID=cd34 none swap sw,pri=5 0 0",
+        "/srv/swap /mnt/swap ext4 defaults 0 0", f"{mark} /z.img none swap", f"{mark} /w.img none swap sw 0 0", "nas:/swap /mnt/x nfs ro 0 0"]
+    # ansible.builtin.replace: re.subn with MULTILINE over the whole file
+    role = lambda text: re.compile(node_settings.SWAP_LINE_RE, re.MULTILINE).sub(mark + " \\1", text)  # noqa: E731
+    assert role(fstab) == by_sed
+    subprocess.run(sed, check=True)
+    assert path.read_text() == by_sed == role(by_sed)  # a second run changes nothing
+
+
+def test_memory_relief_uses_exactly_the_rule():
+    """The load-time watcher's drop-and-compact: by /proc as root, else `sudo -n` of exactly the
+    rule's two commands; its pre-flight asks sudo about both and nothing else."""
+    assert node_settings.COMPACT_MEMORY_SUDO == "/usr/sbin/sysctl -w vm.compact_memory=1"
+    assert node_settings.memory_relief_command("root") == (
+        "sync && echo 3 > /proc/sys/vm/drop_caches && echo 1 > /proc/sys/vm/compact_memory")
+    assert node_settings.memory_relief_command("spark") == (
+        "sync && sudo -n /usr/sbin/sysctl -w vm.drop_caches=3 && "
+        "sudo -n /usr/sbin/sysctl -w vm.compact_memory=1")
+    assert node_settings.relief_sudo_check_command("root") == "true"
+    assert node_settings.relief_sudo_check_command("spark") == (
+        "sudo -n -l /usr/sbin/sysctl -w vm.drop_caches=3 >/dev/null && "
+        "sudo -n -l /usr/sbin/sysctl -w vm.compact_memory=1 >/dev/null")
+    rule = node_settings.sudoers_rule("spark")
+    for command in node_settings.SUDO_COMMANDS:  # every sudo the relief runs is in the rule
+        assert command in rule and f"sudo -n {command}" in node_settings.memory_relief_command("spark")
 
 
 @pytest.mark.skipif(shutil.which("visudo") is None, reason="no visudo here")
@@ -239,3 +283,41 @@ def test_cli_bad_config_is_one_message(tmp_path):
     result = CliRunner().invoke(cli.main, ["ansible-inventory", "-c", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
     assert "no such cluster config file" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("profile, overrides, wanted", [
+    ("keys35-200k", {}, True),                   # seed 001: "no swap"
+    ("keys-1m-dcp4", {}, False),                 # seeds 000/004 say nothing of swap
+    ("keys-1m-dcp4", {"no_swap": True}, True),   # cluster.yaml asks
+    ("tensorfold", {"no_swap": False}, False),   # cluster.yaml wins over the profile
+])
+def test_inventory_turns_swap_off_as_the_profile_or_config_says(write_config, profile, overrides, wanted):
+    path = write_config(lambda d: d.update(profile=profile) or d["overrides"].update(overrides))
+    result = CliRunner().invoke(cli.main, ["ansible-inventory", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"spark_node_no_swap={wanted}" in result.output.splitlines()
+
+
+def test_earlyoom_prefers_the_engine_and_spares_the_way_in(write_config):
+    """earlyoom matches --prefer / --avoid (POSIX ERE, unanchored) against /proc/PID/comm, 15
+    characters: vLLM's processes are preferred, sshd, dockerd and systemd's avoided. TensorFold's
+    engine is `python3` by name, so the plan also raises every engine container's oom_score
+    (--oom-score-adj 1000), which earlyoom and the kernel's OOM killer rank by."""
+    import re
+
+    prefer, avoid = re.compile(node_settings.EARLYOOM_PREFER), re.compile(node_settings.EARLYOOM_AVOID)
+    engine = ["VLLM::Worker_TP", "VLLM::EngineCor", "vllm", "pt_main_thread"]
+    keep = ["sshd", "sshd-session", "dockerd", "containerd", "containerd-shim", "systemd",
+            "systemd-journal", "earlyoom", "init"]
+    assert all(prefer.search(n) and not avoid.search(n) for n in engine)
+    assert all(avoid.search(n) and not prefer.search(n) for n in keep)
+    assert not prefer.search("python3") and not avoid.search("python3")  # hence the score below
+    assert f"--prefer {node_settings.EARLYOOM_PREFER} --avoid {node_settings.EARLYOOM_AVOID}" in \
+        node_settings.earlyoom_defaults()
+    from launcher.plan import plan as planning
+    for profile in ("keys-1m-dcp4", "tensorfold"):
+        result = CliRunner().invoke(cli.main, ["plan", "-c", str(write_config(lambda d: d.update(profile=profile))),
+                                               "--offline", "--json"])
+        for rank in json.loads(result.output)["ranks"]:
+            run = rank["docker_run"]
+            assert run[run.index("--oom-score-adj") + 1] == str(planning.OOM_SCORE_ADJ) == "1000"

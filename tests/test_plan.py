@@ -88,6 +88,7 @@ def test_multi_node_flags_per_rank(write_config):
         assert engine[engine.index("--node-rank") + 1] == str(r)
         assert engine[engine.index("--nnodes") + 1] == "4"
         assert engine[engine.index("--master-addr") + 1] == "10.0.0.11"  # ring: management address
+        assert engine[engine.index("--master-port") + 1] == "29521"  # Mia's MASTER_PORT (seed 000)
         assert ("--headless" in engine) == (r > 0)
         assert engine[engine.index("--kv-cache-memory-bytes") + 1] == str(data["kv"]["kv_cache_memory_bytes"])
         run = rank["docker_run"]
@@ -110,17 +111,38 @@ def test_ray_head_then_workers(write_config):
     assert served[:4] == ["exec", "vllm", "serve", "/models/keys-GLM-5.3-EXL3"]
     assert served[served.index("--distributed-executor-backend") + 1] == "ray"
     assert served[served.index("--kv-cache-memory-bytes") + 1] == str(data["kv"]["kv_cache_memory_bytes"])
-    assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(served)
+    assert not {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"} & set(served)
     for r in (1, 2, 3):
         assert data["ranks"][r]["engine"] == ["ray", "start", "--block", "--address=10.0.0.11:6379",
                                               f"--node-ip-address=10.0.0.1{r + 1}"]
     # and the plan says what Ray leaves open, which no flag closes
     assert len(data["notes"]) == 1 and data["notes"][0].startswith("Ray head on rank 0, joined at 10.0.0.11:6379")
     assert "listen on every interface" in data["notes"][0] and "firewall those ports" in data["notes"][0]
+    assert "master_port / --master-port apply to multinode: native only" in data["notes"][0]
     text = CliRunner().invoke(main, ["plan", "-c", str(write_config(lambda d: d.update(multinode="ray"))),
                                      "--offline"]).output
     assert "note    Ray head on rank 0, joined at 10.0.0.11:6379" in text
     assert plan_json(write_config())["notes"] == []  # native multi-node: no Ray
+
+
+def test_master_port_is_explicit_and_configurable(write_config):
+    """Every multi-node plan names its rendezvous port: cluster.yaml's master_port, else a
+    --master-port in the flags, else the engine's default (vLLM 29521 from Mia's .env.tp4, which
+    seeds 000/004 serve with; TensorFold its own 29551)."""
+    def port(data, r=1, flag="--master-port"):
+        engine = data["ranks"][r]["engine"]
+        return engine[engine.index(flag) + 1]
+
+    assert {port(plan_json(write_config()), r) for r in range(4)} == {"29521"}
+    assert port(plan_json(write_config(lambda d: d.update(master_port=29600)))) == "29600"
+    by_flag = write_config(lambda d: d["overrides"].update(engine_args=["--master-port 29700"]))
+    engine = plan_json(by_flag)["ranks"][2]["engine"]
+    assert engine.count("--master-port") == 1 and port(plan_json(by_flag), 2) == "29700"
+    assert {port(plan_json(write_config(tensorfold)), r) for r in range(4)} == {"29551"}
+    assert port(plan_json(write_config(lambda d: tensorfold(d) or d.update(master_port=29600)))) == "29600"
+    result = CliRunner().invoke(main, ["plan", "-c", str(write_config(lambda d: d.update(master_port=70000))),
+                                       "--offline"])
+    assert result.exit_code == 2 and "master_port" in result.output and "Traceback" not in result.output
 
 
 def test_switch_uses_fabric_ips_and_no_ring_settings(write_config):
@@ -299,7 +321,7 @@ def test_tensorfold_runs_its_cli_on_every_rank(write_config):
     for r, rank in enumerate(data["ranks"]):
         assert rank["engine"] == [
             "python3", "-m", "tensorfold.cli", "serve", "/models/keys-GLM-5.3-EXL3", "--tp", "4",
-            "--rank", str(r), "--master", "10.0.0.11", "--port", "8890", "--host", "0.0.0.0",
+            "--rank", str(r), "--master", "10.0.0.11", "--master-port", "29551", "--port", "8890", "--host", "0.0.0.0",
             "--name", "GLM-5.3-EXL3", "--context", "32768", "--parallel", "4"]
         assert not {"NODES", "MODEL", "CONTEXT", "PARALLEL", "VLLM_HOST_IP"} & set(rank["env"])
         assert rank["env"]["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"  # the ring's NCCL settings
@@ -323,6 +345,8 @@ def test_tensorfold_on_a_switch_and_with_overrides(write_config):
      "overrides.engine_args: --rank is set by the plan (from ranks)"),
     (lambda o: o.update(engine_args=["--host=127.0.0.1"]),
      "overrides.engine_args: --host is set by the plan (0.0.0.0, so the API is reachable)"),
+    (lambda o: o.update(engine_args=["--master-port 29600"]),
+     "overrides.engine_args: --master-port is set by the plan (from master_port)"),
     (lambda o: o.update(api_key="s3cret"), "overrides.api_key: TensorFold's server checks no API key"),
 ])
 def test_tensorfold_refuses_what_the_plan_manages_or_cannot_do(write_config, edit, message):
@@ -476,3 +500,16 @@ def test_profile_flag_looks_in_the_configs_profiles_dir(write_config, tmp_path):
     result = CliRunner().invoke(main, ["plan", "-c", str(path), "--offline", "--profile", "pollard-180k"])
     assert result.exit_code == 2
     assert f"no {mine}/pollard-180k.yaml (known profiles: mine)" in result.output
+
+
+def test_keys_1m_carries_mias_tp4_knobs_and_keeps_the_guards_utilisation(write_config):
+    """Seeds 000/004 serve through Mia's start-tp4.sh: its .env.tp4 knobs MAX_NUM_SEQS=8 and
+    MAX_NUM_BATCHED_TOKENS=2048 reach vLLM; its GPU_MEM_UTIL=0.75 does not: the KV pool is sized
+    explicitly, and the utilisation passed is the plan's (the highest that clears vLLM's guard)."""
+    data = plan_json(write_config())
+    engine = data["ranks"][0]["engine"]
+    assert engine[engine.index("--max-num-seqs") + 1] == "8"
+    assert engine[engine.index("--max-num-batched-tokens") + 1] == "2048"
+    guard = data["vllm_guard"]
+    assert guard["source"] == "plan" and guard["gpu_memory_utilization"] == guard["highest"] != 0.75
+    assert engine[engine.index("--gpu-memory-utilization") + 1] == str(guard["highest"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -73,6 +74,29 @@ def test_nfs_mount_on_clients_bind_mount_on_the_server(write_config, spark_facts
     assert not again.needed and again.detail == "spark1:/srv/glm53 (nfs4) on /models/glm53"
     steps = prep.plan_rank(loaded, 2, spark_facts)
     assert [s.name.split()[0] for s in steps][-2:] == ["mount", "drop"]  # mount before the drop
+
+
+def test_swap_off_when_the_profile_or_config_says_no_swap(write_config, spark_facts):
+    """Seed 001's profiles say no swap: a rank with swap gets `swapoff -a` and its fstab swap
+    lines commented out, as a root step before the drop; a rank without swap is left as it is;
+    keys-1m-dcp4 (seed 000, silent on swap) touches no swap unless overrides.no_swap asks."""
+    swapped = dataclasses.replace(spark_facts, memory=dataclasses.replace(
+        spark_facts.memory, swap_total=16 * GIB, swap_free=15 * GIB))
+    keys35 = config.load(write_config(lambda d: d.update(profile="keys35-200k")))
+    steps = prep.plan_rank(keys35, 1, swapped)
+    assert [s.name for s in steps][-2:] == ["swap off", "drop caches"]
+    swap = steps[-2]
+    assert swap.needed and swap.root and swap.detail == "16.0 GiB swap"
+    assert swap.command == node_settings.swap_off_command() and swap.command.startswith("swapoff -a && sed -ri ")
+    without = prep.swap_step(keys35, spark_facts)  # SwapTotal 0
+    assert not without.needed and without.detail == "no swap"
+    keys = config.load(write_config())
+    assert prep.swap_step(keys, swapped) is None
+    asked = config.load(write_config(lambda d: d["overrides"].update(no_swap=True)))
+    assert prep.swap_step(asked, swapped).needed
+    allowed = config.load(write_config(lambda d: d.update(profile="keys35-200k") or
+                                       d["overrides"].update(no_swap=False)))
+    assert prep.swap_step(allowed, swapped) is None
 
 
 def test_no_mount_without_nfs(write_config, spark_facts):
@@ -216,6 +240,30 @@ def test_without_sudo_a_clear_error_names_the_rank(sandbox, nosudo_on_spark3, tm
     finally:
         for name, values in before.items():
             sandbox.run(name, "sudo sysctl -q " + " ".join(f"-w {k}={v}" for k, v in values.items()))
+
+
+def test_relief_sudo_check_passes_only_with_both_commands_allowed(sandbox, nosudo_on_spark3):
+    """The load-time watcher's pre-flight (node_settings.relief_sudo_check_command) against real
+    sudo: it fails for a user with no rule, and for one with only the old drop-caches rule, and
+    passes once the rule allows exactly both commands without a password."""
+    user, rule = nosudo_on_spark3, "/etc/sudoers.d/sparkstack-test-relief"
+    check_relief = node_settings.relief_sudo_check_command(user)
+
+    def install(text: str) -> None:
+        rc, out, err = sandbox.run("spark3", f"printf %s {shlex.quote(text)} | sudo -n tee {rule} >/dev/null && "
+                                             f"sudo -n chmod 0440 {rule} && sudo -n visudo -cf {rule}")
+        assert rc == 0, err or out
+
+    try:
+        assert sandbox.run("spark3", check_relief, user=user)[0] != 0  # no rule at all
+        install(f"{user} ALL=(root) NOPASSWD: {node_settings.DROP_CACHES_SUDO}\n")
+        assert sandbox.run("spark3", check_relief, user=user)[0] != 0  # the drop alone is not enough
+        install(node_settings.sudoers_file(user))
+        rc, out, err = sandbox.run("spark3", check_relief, user=user)
+        assert rc == 0, err or out
+        assert sandbox.run("spark3", "sudo -n /usr/sbin/sysctl -w vm.swappiness=1", user=user)[0] != 0  # nothing else
+    finally:
+        sandbox.run("spark3", f"sudo -n rm -f {rule}")
 
 
 def test_bind_mount_on_the_nfs_servers_own_rank(sandbox, tmp_path):

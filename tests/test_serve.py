@@ -88,6 +88,8 @@ def test_second_up_changes_nothing(sandbox, cfg, started):
     assert [r["started_at"] for r in after["ranks"]] == [r["started_at"] for r in before["ranks"]]
     assert after["api"]["healthy"]
     assert {r["state"] for r in after["ranks"]} == {"running"}
+    # each rank's MemAvailable now, read from its /proc/meminfo (issue 14)
+    assert all(isinstance(r["mem_available"], int) and r["mem_available"] > 0 for r in after["ranks"])
 
 
 def test_up_takes_the_profile_flag(sandbox, cfg, started, tmp_path):

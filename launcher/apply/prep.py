@@ -1,7 +1,8 @@
 """`sparkstack prep`: put every rank in the state serving needs after a boot, idempotently.
 
 Plan, then apply. `plan_rank` is pure (the config and the rank's facts in, the steps out): the
-sysctls of launcher/inputs/node_settings.py that differ from what the rank reads now, the checkpoint
+sysctls of launcher/inputs/node_settings.py that differ from what the rank reads now, swap off
+when the profile or config says no swap and the rank has some (seed 001), the checkpoint
 mount when the config names an NFS export and the model path is not a mount (on the NFS
 server's own node a bind mount of the export: seed 000's gotcha), and dropping page caches
 (always: the page cache is what squeezes a unified-memory GB10). `apply` runs each rank's
@@ -25,7 +26,7 @@ from ..errors import SparkstackError
 from ..facts import remote as rank_facts
 from ..facts.facts import Facts
 from ..inputs import node_settings
-from ..inputs.config import Loaded
+from ..inputs.config import Loaded, no_swap
 from ..plan.kv import gib
 from ..transport.remote import Connection, Group
 
@@ -96,6 +97,15 @@ def mount_step(loaded: Loaded, r: int, f: Facts) -> Step | None:
     return Step(f"mount {target} ({what})", command, not mounted, found)
 
 
+def swap_step(loaded: Loaded, f: Facts) -> Step | None:
+    """Swap off now and after reboots, when the profile or the config says no swap (seed 001)."""
+    if not no_swap(loaded):
+        return None
+    m = f.memory
+    found = "unreadable" if m is None else (f"{gib(m.swap_total)} swap" if m.swap_total else "no swap")
+    return Step("swap off", node_settings.swap_off_command(), m is None or m.swap_total > 0, found)
+
+
 def drop_step(loaded: Loaded, r: int, f: Facts) -> Step:
     user = loaded.cluster.ranks[r].user
     cached = f"{gib(f.memory.cached)} page cache" if f.memory else "page cache"
@@ -103,9 +113,12 @@ def drop_step(loaded: Loaded, r: int, f: Facts) -> Step:
 
 
 def plan_rank(loaded: Loaded, r: int, f: Facts, drop: bool = True) -> list[Step]:
-    """The rank's steps in order: sysctls, the mount, then the drop (after the mount: the
-    checkpoint is then on its final filesystem)."""
+    """The rank's steps in order: sysctls, swap off (when asked), the mount, then the drop
+    (after the mount: the checkpoint is then on its final filesystem)."""
     steps = sysctl_steps(loaded, f)
+    swap = swap_step(loaded, f)
+    if swap:
+        steps.append(swap)
     mount = mount_step(loaded, r, f)
     if mount:
         steps.append(mount)

@@ -31,14 +31,15 @@ from ..errors import SparkstackError
 from ..facts import fabric
 from ..facts.facts import UNLIMITED, Facts
 from ..inputs import apikey, node_settings, vllm_guard
-from ..inputs.config import Loaded
+from ..inputs.config import Loaded, no_swap
 from ..onrank.probe import NOT_ANSWERING
 from ..plan.kv import GIB, gib
-from ..plan.plan import MemoryNeed, Plan, memory_guard, rank_memory
+from ..plan import plan as planning
+from ..plan.plan import MemoryNeed, ModelFacts, Plan, memory_guard, rank_memory
 from ..status import Status
 from ..transport.gather import RankFacts
 
-ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "swap", "sysctls", "ulimits", "link",
+ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "free while serving", "swap", "sysctls", "ulimits", "link",
          "roce", "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock", "api key")
 OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
 CLOCK_TOLERANCE_S = 1.0
@@ -219,9 +220,11 @@ class Inputs:
     targets: dict[int, list[PingTarget]] = field(default_factory=dict)
     extras: dict[int, Extras] = field(default_factory=dict)
     api_key: apikey.ApiKey | None = None  # None: read from this host (apikey.resolve)
+    model: ModelFacts | None = None  # the checkpoint as read here (None: as need_error says)
 
     _fabrics: dict = field(default_factory=dict, repr=False)
     _guard: vllm_guard.Guard | None = field(default=None, repr=False)
+    _kv: object = field(default=None, repr=False)  # the plan's KV sizing, or why there is none
 
     def __post_init__(self):
         if self.api_key is None:
@@ -243,6 +246,19 @@ class Inputs:
         if self._guard is None:
             self._guard = memory_guard(self.loaded, rank_memory(self.loaded, self.facts, []))
         return self._guard
+
+    def kv(self):
+        """The KV pool the plan would size on these facts (plan.serving_kv), once; the error's
+        text when it cannot be sized."""
+        from . import plan_inputs
+
+        if self._kv is None:
+            try:
+                self.model = self.model or plan_inputs.read_model(self.loaded)
+                self._kv = planning.serving_kv(self.loaded, self.model, rank_memory(self.loaded, self.facts, []))
+            except SparkstackError as e:
+                self._kv = e.message
+        return self._kv
 
 
 def evaluate(inp: Inputs) -> Report:
@@ -386,12 +402,41 @@ def _check_vllm_guard(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add(name, Status.PASS, f"{shown}; clears up to {g.highest} with margin {g.margin}")
 
 
+def _check_free_while_serving(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """The memory this rank keeps free once the engine holds its weights, runtime and KV pool,
+    from its measured MemAvailable (plan shows the same from the config's figures): the seeds
+    keep ~9-15 GB free on every Spark; below overrides.free_floor_gib a GB10 freezes, not OOMs."""
+    name, floor = "free while serving", int(inp.loaded.cluster.overrides.free_floor_gib * GIB)
+    if f.memory is None or inp.need is None:
+        why = "/proc/meminfo unreadable" if f.memory is None else f"the plan's need is unknown: {inp.need_error}"
+        rr.add(name, Status.FAIL, why, "fix the memory row first")
+        return
+    sizing = inp.kv()
+    if isinstance(sizing, str):
+        rr.add(name, Status.FAIL, f"no KV pool fits: {sizing}", "see `sparkstack plan`")
+        return
+    free = sizing.free_while_serving(f.memory.available)
+    shown = f"{gib(free)} = {planning.explain_free(sizing, f.memory.available)}"
+    if free < floor:
+        rr.add(name, Status.FAIL, f"{shown} < overrides.free_floor_gib {gib(floor)}",
+               planning.free_floor_fix(inp.loaded))
+    else:
+        rr.add(name, Status.PASS, f"{shown}; floor {gib(floor)} (the seeds keep ~9-15 GB)")
+
+
 def _check_swap(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     m = f.memory
     if m is None or m.swap_total == 0:
         rr.add("swap", Status.PASS, "none")
         return
     used = m.swap_total - m.swap_free
+    if no_swap(inp.loaded):
+        where = ("overrides.no_swap" if inp.loaded.cluster.overrides.no_swap is not None
+                 else f"profile {inp.loaded.profile.name}")
+        rr.add("swap", Status.FAIL, f"{gib(m.swap_total)} on ({gib(used)} used); {where} says no swap",
+               "`sparkstack prep` turns it off (swapoff -a, swap lines of /etc/fstab commented out), "
+               "or the Ansible role spark_node")
+        return
     if used > SWAP_USED_WARN:
         rr.add("swap", Status.WARN, f"{gib(used)} of {gib(m.swap_total)} swapped out: memory was squeezed",
                "find what pushed it out (`ps aux --sort=-rss`); `sudo swapoff -a && sudo swapon -a` empties it")
@@ -746,7 +791,8 @@ def _local_inputs(loaded: Loaded, image: str | None) -> Inputs:
 
     inp = Inputs(loaded, {}, None)
     try:
-        inp.need = plan_inputs.memory_need(loaded)
+        inp.model = plan_inputs.read_model(loaded)
+        inp.need = planning.memory_need(loaded, inp.model)
     except SparkstackError as e:
         inp.need_error = e.message
     if image is None:

@@ -531,9 +531,10 @@ def ansible_inventory(loaded, fmt):
       sparkstack ansible-inventory -c cluster.yaml > inventory.ini
       ANSIBLE_CONFIG=ansible/ansible.cfg ansible-playbook -i inventory.ini ansible/spark.yml
     """
+    from ..inputs.config import no_swap
     from ..plan import inventory
 
-    click.echo(inventory.render(loaded.cluster, fmt), nl=False)
+    click.echo(inventory.render(loaded.cluster, fmt, no_swap(loaded)), nl=False)
 
 
 @main.command()
@@ -624,22 +625,26 @@ def down(loaded, trust_new_hosts, wait_lock):
 @json_option
 @trust_option()
 def status(loaded, as_json, trust_new_hosts):
-    """Per rank: the serving container's state and uptime, its image, and the API on rank 0;
-    with a supervisor (`up --keep`), its restarts and the last cause it found."""
+    """Per rank: the serving container's state and uptime, the rank's MemAvailable now, its
+    image, and the API on rank 0; with a supervisor (`up --keep`), its restarts and the last
+    cause it found."""
     from ..transport import api
-    from ..apply import deploy, serve
+    from ..apply import deploy, prep, serve
 
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
+        mem = prep.read_mem_available(group, [s.rank for s in states if s.state != "unreachable"])
     ep = api.endpoint(loaded)
     from ..apply import supervisor
 
-    data = {"ranks": [s.to_json() for s in states], "api": {"url": ep.url, "healthy": api.health(ep)},
+    available = {r: v if isinstance(v, int) else None for r, v in mem.items()}
+    data = {"ranks": [{**s.to_json(), "mem_available": available.get(s.rank)} for s in states],
+            "api": {"url": ep.url, "healthy": api.health(ep)},
             "keep": supervisor.summary(supervisor.log_path(loaded))}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_ranks([_status_row(s) for s in states])
+        _print_ranks([_status_row(s, mem.get(s.rank)) for s in states])
         out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
         if data["keep"]:
             k = data["keep"]
@@ -651,12 +656,16 @@ def status(loaded, as_json, trust_new_hosts):
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
 
 
-def _status_row(s) -> tuple:
+def _status_row(s, mem: int | str | None) -> tuple:
     """A rank's row; why a rank is unreachable (or unknown) goes last, where a long text pushes
-    no other column aside."""
+    no other column aside. `mem`: its MemAvailable, or why it could not be read."""
+    from ..plan.kv import gib
+
+    shown = "" if mem is None else f"MemAvailable {gib(mem) if isinstance(mem, int) else '?'}"
     if s.state in ("unreachable", "unknown"):
-        return s.rank, s.host, s.state, s.image, s.describe()
-    return s.rank, s.host, s.describe(), s.image, f"since {s.started_at}" if s.state == "running" else ""
+        return s.rank, s.host, s.state, shown, s.image, s.describe()
+    return (s.rank, s.host, s.describe(), shown, s.image,
+            f"since {s.started_at}" if s.state == "running" else "")
 
 
 @main.command()
@@ -817,7 +826,9 @@ def prep(loaded, as_json, no_drop, wait_timeout, trust_new_hosts, wait_lock):
 
     \b
     Sets the sysctls of launcher/inputs/node_settings.py (vm.swappiness=1,
-    vm.compaction_proactiveness=0, plus overrides), mounts the checkpoint's NFS export at
+    vm.compaction_proactiveness=0, plus overrides), turns swap off when the profile or
+    overrides.no_swap says no swap (swapoff -a; swap lines of /etc/fstab commented out, so it
+    stays off after a reboot), mounts the checkpoint's NFS export at
     model.path when the config names one and it is not mounted (the NFS server's own node
     bind-mounts its export there), drops page caches and waits until every rank's MemAvailable
     covers what the plan needs. Reports per rank what changed and what was already set.

@@ -189,6 +189,7 @@ class Overrides(Strict):
     open_api: bool = False
     secret_env: list[str] = []  # env names masked in output beyond *TOKEN*, *KEY*, ... (redact.py)
     sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
+    no_swap: bool | None = None  # swap off on every rank (`prep`, `check`); unset: the profile's
 
     @field_validator("api_key")
     @classmethod
@@ -239,6 +240,8 @@ class Cluster(Strict):
     profile: str
     topology: Literal["switch", "ring"]
     rendezvous: Host | None = None  # address of rank 0 every rank reaches; see rendezvous()
+    # the port rank 0's rendezvous listens on (--master-port); see master_port()
+    master_port: int | None = Field(None, ge=1, le=65535)
     # how the ranks form one vLLM: its native multi-node (--nnodes ...) or a Ray cluster (head on
     # rank 0, workers join; the image must have `ray`)
     multinode: Literal["native", "ray"] = "native"
@@ -308,6 +311,28 @@ def rendezvous(loaded: Loaded, fabric_env: dict[int, dict[str, str]] | None = No
     return (fabric_env or {}).get(0, {}).get("VLLM_HOST_IP") or first.address
 
 
+# The rendezvous port when cluster.yaml sets none, per engine. vLLM: 29521, MASTER_PORT in Mia AI
+# Lab's .env.tp4.example and start-tp4.sh, the launcher seeds 000 and 004 serve with (vLLM's own
+# default is 29501). TensorFold: its own default 29551 (seed 001's one-shot.sh passes none; its
+# RoCE reductions' Gloo group takes the port 11 above).
+MASTER_PORTS = {"vllm": 29521, "tensorfold": 29551}
+
+
+def master_port(loaded: Loaded) -> int:
+    """The port of rank 0's rendezvous: cluster.yaml's master_port, else a --master-port in the
+    profile's or the config's vLLM flags, else MASTER_PORTS for the engine."""
+    if loaded.cluster.master_port is not None:
+        return loaded.cluster.master_port
+    given = vllm_flags.value(loaded.flags, "master_port")
+    return int(given) if given else MASTER_PORTS[loaded.profile.engine]
+
+
+def no_swap(loaded: Loaded) -> bool:
+    """Whether the ranks must run without swap: overrides.no_swap, else the profile's no_swap."""
+    given = loaded.cluster.overrides.no_swap
+    return loaded.profile.no_swap if given is None else given
+
+
 def config_path(given: str | None) -> Path:
     return Path(given or os.environ.get("SPARKSTACK_CONFIG") or DEFAULT_CONFIG)
 
@@ -340,6 +365,7 @@ TENSORFOLD_TP = 4
 
 # TensorFold flags the plan sets from the cluster (plan._tensorfold_args), and where to set them.
 TENSORFOLD_MANAGED = {"--tp": "from ranks", "--rank": "from ranks", "--master": "from rendezvous",
+                      "--master-port": "from master_port",
                       "--port": "from overrides.api_port", "--host": "0.0.0.0, so the API is reachable",
                       "--name": "from model.served_name"}
 

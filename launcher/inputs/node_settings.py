@@ -7,11 +7,13 @@ group vars from `launcher/plan/inventory.py`. The role's templates render the sa
 
 Pure data and string rendering: nothing here touches a rank.
 
-Dropping page caches as the SSH user: a sudoers rule for exactly
-`/usr/sbin/sysctl -w vm.drop_caches=3` (no wildcard, no other argument is allowed). Chosen over a
-root-owned helper script because there is no extra file to install and keep root-owned, and
-`sync` (the first half of the seeds' `sync; echo 3 > /proc/sys/vm/drop_caches`) needs no
-privilege, so `DROP_CACHES_COMMAND` runs it before sudo.
+Dropping page caches and compacting memory as the SSH user: a sudoers rule for exactly
+`/usr/sbin/sysctl -w vm.drop_caches=3` and `/usr/sbin/sysctl -w vm.compact_memory=1` (no
+wildcard, no other argument is allowed). `prep` drops caches; the load-time watcher drops and
+then compacts (the field's fix for freezes during cold loads, issue 14). Chosen over a root-owned
+helper script because there is no extra file to install and keep root-owned, and `sync` (the
+first half of the seeds' `sync; echo 3 > /proc/sys/vm/drop_caches`) needs no privilege, so the
+commands run it before sudo.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ NOFILE = 1048576
 DROP_CACHES_SUDO = "/usr/sbin/sysctl -w vm.drop_caches=3"
 DROP_CACHES_COMMAND = f"sync && sudo -n {DROP_CACHES_SUDO}"  # for a non-root SSH user
 DROP_CACHES_AS_ROOT = "sync && echo 3 > /proc/sys/vm/drop_caches"
+COMPACT_MEMORY_SUDO = "/usr/sbin/sysctl -w vm.compact_memory=1"
+COMPACT_MEMORY_AS_ROOT = "echo 1 > /proc/sys/vm/compact_memory"
+SUDO_COMMANDS = (DROP_CACHES_SUDO, COMPACT_MEMORY_SUDO)  # the whole of the sudoers rule
 
 # earlyoom (optional): act before the kernel's OOM killer, whose freeze of a unified-memory box
 # can need a power cycle. SIGTERM at 4 % available (~5 GB on a GB10: serving leaves 9-15 GB),
@@ -49,6 +54,29 @@ DROP_CACHES_AS_ROOT = "sync && echo 3 > /proc/sys/vm/drop_caches"
 EARLYOOM_PREFER = "^(VLLM::|pt_main_thread|vllm)"
 EARLYOOM_AVOID = "^(sshd|dockerd|containerd|systemd|earlyoom|init)"
 EARLYOOM_ARGS = f"-m 4,2 -s 100 -r 3600 --prefer {EARLYOOM_PREFER} --avoid {EARLYOOM_AVOID}"
+
+# No swap (seed 001: "~9-15 GB free on every Spark while serving, no swap"), when the profile or
+# cluster.yaml asks: a GB10's swap pages out what the GPU shares with the CPU and stalls the box
+# instead of failing. Kept off across reboots by commenting the swap lines of /etc/fstab out (the
+# Ansible role also masks swap.target, so systemd starts no swap unit at boot).
+FSTAB = "/etc/fstab"
+SWAP_FSTAB_MARK = "# sparkstack (no swap):"  # then a space and the line as it was
+# an fstab line whose third field (vfstype) is swap, not already a comment: for sed (POSIX ERE,
+# `prep`) and for Python's re (the Ansible role's replace task); tests check they agree
+_SWAP_LINE = r"[^#[:space:]][^[:space:]]*[[:space:]]+[^[:space:]]+[[:space:]]+swap([[:space:]].*)?"
+SWAP_LINE_RE = r"^([^#\s]\S*[ \t]+\S+[ \t]+swap([ \t].*)?)$"  # [ \t]: \s would span lines
+
+
+def comment_out_swap_command(fstab: str = FSTAB) -> str:
+    """sed that comments out every active swap line of `fstab` (idempotent: a commented line
+    no longer matches)."""
+    return f"sed -ri 's|^({_SWAP_LINE})$|{SWAP_FSTAB_MARK} \\1|' {fstab}"
+
+
+def swap_off_command(fstab: str = FSTAB) -> str:
+    """As root: swap off now, and off after a reboot."""
+    return f"swapoff -a && {comment_out_swap_command(fstab)}"
+
 
 # The checkpoint is only read; nofail so a Spark still boots (and is reachable to fix) when the
 # NFS server is down; _netdev orders the mount after the network.
@@ -124,11 +152,12 @@ def docker_default_ulimits() -> dict:
 
 # -- dropping caches ----------------------------------------------------------------------------
 def sudoers_rule(user: str) -> str:
-    """The one line letting `user` drop page caches, and nothing else, without a password."""
+    """The one line letting `user` drop page caches and compact memory, and nothing else,
+    without a password."""
     if not _USER_NAME.match(user):
         raise NodeSettingsError(f"ranks: user {user!r} cannot be named in a sudoers rule "
                                 f"(expected a plain login name)")
-    return f"{user} ALL=(root) NOPASSWD: {DROP_CACHES_SUDO}\n"
+    return f"{user} ALL=(root) NOPASSWD: {', '.join(SUDO_COMMANDS)}\n"
 
 
 def sudoers_file(user: str) -> str:
@@ -141,20 +170,20 @@ def drop_caches_command(user: str) -> str:
     return DROP_CACHES_AS_ROOT if user == "root" else DROP_CACHES_COMMAND
 
 
-# TEMPORARY (lead): replaced by the knobs helper's version at merge
-COMPACT_MEMORY_SUDO = "/usr/sbin/sysctl -w vm.compact_memory=1"
-
-
 def memory_relief_command(user: str) -> str:
+    """The shell command that drops page caches, then compacts memory, as `user` (the load-time
+    watcher's relief below its soft floor): as root by /proc, else through the sudoers rule."""
     if user == "root":
-        return DROP_CACHES_AS_ROOT + " && echo 1 > /proc/sys/vm/compact_memory"
+        return f"{DROP_CACHES_AS_ROOT} && {COMPACT_MEMORY_AS_ROOT}"
     return f"{DROP_CACHES_COMMAND} && sudo -n {COMPACT_MEMORY_SUDO}"
 
 
 def relief_sudo_check_command(user: str) -> str:
+    """A command that exits 0 only if `user` may run both of the rule's commands through
+    `sudo -n` (no password): `sudo -n -l CMD` lists a command only when it is allowed. Root: true."""
     if user == "root":
         return "true"
-    return f"sudo -n -l {DROP_CACHES_SUDO} >/dev/null && sudo -n -l {COMPACT_MEMORY_SUDO} >/dev/null"
+    return " && ".join(f"sudo -n -l {c} >/dev/null" for c in SUDO_COMMANDS)
 
 
 # -- the checkpoint mount -----------------------------------------------------------------------

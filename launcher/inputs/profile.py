@@ -110,6 +110,9 @@ class Profile(Strict):
     args: list[str] = []
     plugin_flags: list[str] = []
     env: EnvVars = {}
+    # the seed serves with swap off (seed 001: "no swap"): `prep` turns it off, `check` fails a
+    # rank with swap on; cluster.yaml's overrides.no_swap wins
+    no_swap: bool = False
     kv: KvRule
     defaults: Defaults
     bench: BenchDefaults = BenchDefaults()

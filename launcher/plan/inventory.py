@@ -104,7 +104,8 @@ def host_vars(cluster, index: int) -> dict:
     return _unsafe(hv)  # every host var comes from the config
 
 
-def group_vars(cluster) -> dict:
+def group_vars(cluster, no_swap: bool = False) -> dict:
+    """`no_swap`: the profile's or config's (config.no_swap), which the cluster alone lacks."""
     sandbox = is_sandbox(cluster)
     return {
         "ansible_python_interpreter": PYTHON,
@@ -115,11 +116,14 @@ def group_vars(cluster) -> dict:
         "spark_node_docker_daemon_json": ns.DOCKER_DAEMON_JSON,
         "spark_node_docker_default_ulimits": ns.docker_default_ulimits(),
         "spark_node_sudoers_file": ns.SUDOERS_FILE,
-        "spark_node_drop_caches_sudo": ns.DROP_CACHES_SUDO,
+        "spark_node_sudo_commands": list(ns.SUDO_COMMANDS),
         "spark_node_model_path": _unsafe(cluster.model.path),
         "spark_node_earlyoom_defaults_file": ns.EARLYOOM_DEFAULTS_FILE,
         "spark_node_earlyoom_args": ns.EARLYOOM_ARGS,
         "spark_node_header": ns.HEADER,
+        "spark_node_no_swap": no_swap,
+        "spark_node_swap_line_regexp": ns.SWAP_LINE_RE,
+        "spark_node_swap_mark": ns.SWAP_FSTAB_MARK,
         # Sandbox ranks share this machine's kernel: a live sysctl would change the host (the
         # sandbox shadows only /proc/sys/vm), the kernel has no NFS (the checkpoint is already
         # a bind mount there), and other tests share each rank's dockerd, which a handler would
@@ -128,23 +132,25 @@ def group_vars(cluster) -> dict:
         "spark_node_mount_now": not sandbox,
         "spark_node_manage_services": not sandbox,
         "spark_node_install_packages": not sandbox,
+        # the sandbox's /proc/swaps is the host's: never swapoff there
+        "spark_node_swapoff_now": not sandbox,
     }
 
 
-def build(cluster) -> dict:
+def build(cluster, no_swap: bool = False) -> dict:
     """The inventory as the YAML inventory plugin reads it."""
     hosts = {name: host_vars(cluster, i) for i, name in enumerate(host_names(cluster))}
-    return {"all": {"children": {GROUP: {"hosts": hosts, "vars": group_vars(cluster)}}}}
+    return {"all": {"children": {GROUP: {"hosts": hosts, "vars": group_vars(cluster, no_swap)}}}}
 
 
-def render(cluster, fmt: str = "ini") -> str:
+def render(cluster, fmt: str = "ini", no_swap: bool = False) -> str:
     if fmt not in FORMATS:
         raise InventoryError(f"unknown inventory format {fmt!r}: use one of {', '.join(FORMATS)}")
-    return render_yaml(cluster) if fmt == "yaml" else render_ini(cluster)
+    return render_yaml(cluster, no_swap) if fmt == "yaml" else render_ini(cluster, no_swap)
 
 
-def render_yaml(cluster) -> str:
-    return HEADER + yaml.dump(build(cluster), Dumper=_Dumper, sort_keys=False, width=1000)
+def render_yaml(cluster, no_swap: bool = False) -> str:
+    return HEADER + yaml.dump(build(cluster, no_swap), Dumper=_Dumper, sort_keys=False, width=1000)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -182,8 +188,8 @@ def _refuse_templates(where: str, variables: dict) -> None:
                                      "or use --format yaml (its values are marked !unsafe)")
 
 
-def render_ini(cluster) -> str:
-    group = build(cluster)["all"]["children"][GROUP]
+def render_ini(cluster, no_swap: bool = False) -> str:
+    group = build(cluster, no_swap)["all"]["children"][GROUP]
     for name, hv in group["hosts"].items():
         _refuse_templates(f"host {name}", hv)
     _refuse_templates(f"group {GROUP}", group["vars"])

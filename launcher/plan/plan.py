@@ -18,7 +18,7 @@ from ..facts import fabric
 from ..facts.checkpoint import ModelShape, WeightSplit
 from ..facts.facts import Facts
 from ..inputs import apikey, vllm_flags, vllm_guard
-from ..inputs.config import Cluster, ContainerSettings, Loaded, rendezvous
+from ..inputs.config import Cluster, ContainerSettings, Loaded, master_port, rendezvous
 
 # A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
 # 127,600,000 kB (≈ 121.7 GiB, DESIGN.md), and MemAvailable once page caches are dropped and
@@ -31,6 +31,11 @@ FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCK
 # Every container's environment travels on stdin (env_file), never as `-e` on a command line,
 # where `ps` on the rank would show each value to every local user.
 ENV_FROM_STDIN = ["--env-file", "/dev/stdin"]
+# The engine is the first to go when memory runs out: the kernel's OOM killer and earlyoom both
+# pick the highest oom_score, which this raises for every process of the container, whatever the
+# engine calls its processes (earlyoom's --prefer matches names: vLLM's, not `python3 -m
+# tensorfold.cli`'s), and on a GB10 the GPU memory it holds need not count in its RSS.
+OOM_SCORE_ADJ = 1000
 AUTO = -1  # vLLM's --max-model-len auto (also written -1)
 
 
@@ -179,22 +184,37 @@ def _refuse_below_floor(loaded: Loaded, sizing: kv.KvSizing, memory: dict[int, t
         free = sizing.free_while_serving(avail)
         if free >= floor:
             continue
-        b, o = sizing.budget, loaded.cluster.overrides
         raise PlanRefused(
             f"profile {loaded.profile.name}: rank {r} ({loaded.cluster.ranks[r].label}) would keep "
             f"{kv.gib(free)} free while serving, below overrides.free_floor_gib {kv.gib(floor)}: "
-            f"MemAvailable {kv.gib(avail)} − weights {kv.gib(b.weights)} − runtime "
-            f"{kv.gib(b.runtime_overhead)} − KV {kv.gib(sizing.kv_cache_memory_bytes)} ({sizing.policy}). "
-            f"Fix: a smaller KV pool (a smaller kv.target in the profile, fewer sequences, a shorter "
-            f"--max-model-len), overrides.headroom_gib ({o.headroom_gib:g}) at least the floor, or "
-            "more MemAvailable on that rank (sparkstack prep); kv_policy: max only makes the pool "
-            "larger and does not help")
+            f"{explain_free(sizing, avail)}. Fix: {free_floor_fix(loaded)}")
+
+
+def explain_free(sizing: kv.KvSizing, avail: int) -> str:
+    """How a rank's memory free while serving is reckoned (shared by `plan` and `check`)."""
+    b = sizing.budget
+    return (f"MemAvailable {kv.gib(avail)} − weights {kv.gib(b.weights)} − runtime "
+            f"{kv.gib(b.runtime_overhead)} − KV {kv.gib(sizing.kv_cache_memory_bytes)} ({sizing.policy})")
+
+
+def free_floor_fix(loaded: Loaded) -> str:
+    return (f"a smaller KV pool (a smaller kv.target in the profile, fewer sequences, a shorter "
+            f"--max-model-len), overrides.headroom_gib ({loaded.cluster.overrides.headroom_gib:g}) at "
+            "least the floor, or more MemAvailable on that rank (sparkstack prep); kv_policy: max only "
+            "makes the pool larger and does not help")
+
+
+def serving_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int]]) -> kv.KvSizing:
+    """The KV pool the plan would size for ranks with `memory` (PlanRefused when none fits)."""
+    return _size_kv(loaded, model, memory, [])
 
 
 def ray_note(master: str) -> str:
     """What vLLM on Ray leaves open (templates/engine/vllm-ray.j2)."""
     return (f"Ray head on rank 0, joined at {master}:{engine.RAY_PORT}; no dashboard "
-            "(--include-dashboard=false). Ray's own servers (its GCS on rank 0, raylet, object "
+            "(--include-dashboard=false). vLLM's Ray executor meets its workers at a free port it "
+            "picks on rank 0: master_port / --master-port apply to multinode: native only. "
+            "Ray's own servers (its GCS on rank 0, raylet, object "
             "manager and workers on every rank) listen on every interface whatever the flags (Ray has "
             "no option to bind them) and run code for whoever reaches them: keep the ranks' networks "
             "private, or firewall those ports to the ranks (see them: ss -ltnp)")
@@ -426,10 +446,11 @@ def host_settings(c: ContainerSettings) -> list[str]:
 
 def _docker_run(loaded: Loaded, r: int, image: str) -> list[str]:
     """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
-    RDMA devices, NCCL-sized ulimits, the checkpoint read-only at the same path; its environment
-    on stdin (env_file)."""
+    RDMA devices, NCCL-sized ulimits, first in line for the OOM killers (OOM_SCORE_ADJ), the
+    checkpoint read-only at the same path; its environment on stdin (env_file)."""
     model = loaded.cluster.model.path
-    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container)]
+    argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container),
+            "--oom-score-adj", str(OOM_SCORE_ADJ)]
     argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
              "--label", f"org.sparkstack.profile={loaded.profile.name}",
              "--label", f"org.sparkstack.rank={r}", *ENV_FROM_STDIN]
@@ -451,7 +472,7 @@ def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: 
             managed.append(F("--distributed-executor-backend", ("ray",)))
         elif len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
             managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
-                        F("--master-addr", (master,))]
+                        F("--master-addr", (master,)), F("--master-port", (str(master_port(loaded)),))]
             if r > 0:
                 managed.append(F("--headless"))
         args = vllm_flags.render(vllm_flags.merge(flags, managed))
@@ -461,11 +482,12 @@ def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: 
 
 def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int, master: str) -> list[str]:
     """Seed 001's recipe (one-shot.sh): `serve MODEL --tp N --rank R --master M --port P --host
-    0.0.0.0 --name NAME`, then the profile's flags and the config's (TensorFold's argparse takes
+    0.0.0.0 --name NAME` plus an explicit --master-port (config.master_port), then the profile's flags and the config's (TensorFold's argparse takes
     the last of a repeated flag, so the config's win). --host: TensorFold listens on 127.0.0.1
     by default, which the control host cannot reach."""
     cluster = loaded.cluster
     managed = ["--tp", str(len(cluster.ranks)), "--rank", str(r), "--master", master,
-               "--port", str(port), "--host", "0.0.0.0", "--name", served]
+               "--master-port", str(master_port(loaded)), "--port", str(port), "--host", "0.0.0.0",
+               "--name", served]
     return managed + vllm_flags.split_lines(loaded.profile.args) + vllm_flags.split_lines(
         cluster.overrides.engine_args)
