@@ -459,10 +459,10 @@ def test_host_nccl_is_mounted_and_preloaded(write_config):
 def test_profile_flag_plans_that_profile(write_config):
     """`plan --profile NAME` gives NAME's plan (engine flags, image, KV), as a cluster.yaml naming
     NAME would, and says it came from the flag; the config file is not changed."""
-    path = write_config()  # names keys-1m-dcp4
+    path = write_config(lambda d: d.update(name="lab"))  # names keys-1m-dcp4
     text = path.read_text()
     flagged = plan_json(path, "--profile", "pollard-180k")
-    named = plan_json(write_config(lambda d: d.update(profile="pollard-180k"), name="pollard.yaml"))
+    named = plan_json(write_config(lambda d: d.update(profile="pollard-180k", name="lab"), name="pollard.yaml"))
     assert flagged.pop("profile") == {"name": "pollard-180k", "source": "--profile"}
     assert named.pop("profile") == {"name": "pollard-180k", "source": "config"}
     assert flagged == named
@@ -513,3 +513,14 @@ def test_keys_1m_carries_mias_tp4_knobs_and_keeps_the_guards_utilisation(write_c
     guard = data["vllm_guard"]
     assert guard["source"] == "plan" and guard["gpu_memory_utilization"] == guard["highest"] != 0.75
     assert engine[engine.index("--gpu-memory-utilization") + 1] == str(guard["highest"])
+
+
+def test_containers_carry_the_cluster_name(write_config):
+    """The config's `name`, else its file's name: two clusters on the same ranks are told apart."""
+    named = plan_json(write_config(lambda d: d.update(name="lab-a")))
+    assert "org.sparkstack.cluster=lab-a" in named["ranks"][0]["docker_run"]
+    unnamed = plan_json(write_config(name="my cluster.yaml"))
+    assert "org.sparkstack.cluster=my-cluster" in unnamed["ranks"][1]["docker_run"]
+    bad = CliRunner().invoke(main, ["plan", "--offline", "-c", str(write_config(lambda d: d.update(name="a b")))])
+    assert bad.exit_code == 2 and "name" in bad.output
+

@@ -14,8 +14,9 @@ STATE = {"Status": "running", "Running": True, "OOMKilled": False, "ExitCode": 0
          "StartedAt": "2026-11-30T21:04:05.123456789Z"}
 
 
-def inspect_line(state=STATE, label="0123456789abcdef", image="sparkstack/keys:3f2a9c1b7e4d") -> str:
-    return f"{json.dumps(state)}\t{label}\t{image}\n"
+def inspect_line(state=STATE, label="0123456789abcdef", image="sparkstack/keys:3f2a9c1b7e4d",
+                 profile="keys-1m-dcp4", cluster="lab") -> str:
+    return f"{json.dumps(state)}\t{label}\t{image}\t{profile}\t{cluster}\n"
 
 
 def read(stdout: str) -> serve.RankState:
@@ -25,6 +26,12 @@ def read(stdout: str) -> serve.RankState:
 def test_a_running_container():
     s = read(inspect_line())
     assert (s.state, s.exit_code, s.plan_hash, s.image) == ("running", 0, "0123456789abcdef", "sparkstack/keys:3f2a9c1b7e4d")
+    assert (s.profile, s.cluster) == ("keys-1m-dcp4", "lab")
+
+
+def test_a_container_without_the_newer_labels():
+    s = read(inspect_line(profile="", cluster=""))
+    assert s.state == "running" and (s.profile, s.cluster) == (None, None)
 
 
 def test_a_banner_before_the_line():

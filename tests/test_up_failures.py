@@ -226,3 +226,23 @@ def test_down_names_the_rank_it_could_not_stop(sandbox, cfg):
     assert states(cfg) == {0: "absent", 1: "absent", 2: "running", 3: "absent"}
     assert cli("down", "-c", cfg).exit_code == 0
     nothing_runs(cfg)
+
+
+def test_another_clusters_engine_is_named_not_replaced(sandbox, cfg, tmp_path):
+    """spark2 runs an engine container labelled as another cluster's (a second config on the
+    same boxes): `up` refuses, naming the rank and that cluster, and starts nothing; `down`
+    names it as it empties the ranks."""
+    assert cli("down", "-c", cfg).exit_code == 0
+    image = sandbox.images["vllm"]
+    rc, _, err = sandbox.run("spark2", "docker run -d --name sparkstack-engine --label org.sparkstack.cluster=lab-b "
+                                       f"--label org.sparkstack.profile=other --entrypoint sleep {image} 600")
+    assert rc == 0, err
+    result = cli("up", "-c", cfg)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "rank 1 (" in text and "its sparkstack-engine belongs to cluster 'lab-b' (profile other)" in text
+    assert "nothing was started" in text and "starting" not in result.output
+    assert {r: s for r, s in states(cfg).items() if s != "absent"} == {1: "running"}  # only lab-b's
+    down = cli("down", "-c", cfg)
+    assert down.exit_code == 0 and "stopping cluster 'lab-b''s engine (profile other)" in down.output
+    nothing_runs(cfg)

@@ -19,7 +19,7 @@ from ..check import check, plan_inputs
 from ..errors import Interrupted, SparkstackError
 from ..images import build, local_docker, ship
 from ..inputs import apikey
-from ..inputs.config import Loaded
+from ..inputs.config import Loaded, cluster_name
 from ..status import Status
 from ..transport import api
 from ..transport.remote import Group
@@ -85,6 +85,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         _wait(loaded, group, report, wait_timeout, say, None)
     else:
         report.changed = True
+        _refuse_foreign(current, loaded, say)
         guard = memguard.MemoryGuard(group, loaded.cluster.memory_guard, wait_timeout + START_ALLOWANCE_S, say)
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
@@ -102,6 +103,22 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("the API answers")
     report.seconds = time.monotonic() - started
     return report
+
+
+def _refuse_foreign(current: list[serve.RankState], loaded: Loaded, say) -> None:
+    """Another cluster's engine on a rank is not ours to replace; another profile's is, said."""
+    name = cluster_name(loaded)
+    foreign = [s for s in current if s.cluster and s.cluster != name]
+    if foreign:
+        raise SparkstackError(
+            "\n".join(f"rank {s.rank} ({s.host}): its {serve.CONTAINER_NAME} belongs to cluster {s.cluster!r} "
+                      f"(profile {s.profile}), not to this config's {name!r}" for s in foreign)
+            + "\nnothing was started. Stop it with that cluster's config (`sparkstack down -c ITS_CONFIG`), "
+            "or, if it is this very cluster under another name, set `name:` in this config to it")
+    replaced = sorted({s.profile for s in current if s.state != "absent" and s.profile
+                       and s.profile != loaded.profile.name})
+    if replaced:
+        say(f"replacing the engines of profile {', '.join(replaced)} with {loaded.profile.name}")
 
 
 def _start_guarded(loaded: Loaded, group: Group, the_plan, report: UpReport, wait_timeout: float,
@@ -175,7 +192,13 @@ def _on_every_rank(image: str, group: Group, say) -> bool:
 
 def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAIT_TIMEOUT_S) -> list[str]:
     """Stop and remove the serving container on every rank, then wait until each rank's
-    MemAvailable is back to what the plan needs. Returns the ranks that failed to stop."""
+    MemAvailable is back to what the plan needs. Returns the ranks that failed to stop.
+    Another cluster's engine on a rank is stopped too (down empties the ranks), but named."""
+    name = cluster_name(loaded)
+    for s in serve.states(group):
+        if s.cluster and s.cluster != name:
+            say(f"rank {s.rank} ({s.host}): stopping cluster {s.cluster!r}'s engine (profile {s.profile}), "
+                f"not this config's {name!r}")
     failed = serve.stop(group)
     for r in failed:
         say(f"{r.target.name}: {r.why()}")

@@ -23,6 +23,7 @@ from ..plan.plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from ..transport.remote import Connection, Group, Result
 
 PLAN_LABEL = "org.sparkstack.plan"
+PROFILE_LABEL, CLUSTER_LABEL = "org.sparkstack.profile", "org.sparkstack.cluster"  # set by the plan
 LOG_TAIL = 30
 # vLLM's multiprocessing executor across nodes (--nnodes/--node-rank/--master-addr/--headless)
 # is not in old releases; an image older than this is refused rather than handed flags it
@@ -47,6 +48,8 @@ class RankState:
     image: str | None = None
     plan_hash: str | None = None
     error: str | None = None
+    profile: str | None = None  # the container's labels: which profile, which cluster started it
+    cluster: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -76,7 +79,7 @@ def run_command(rank: RankPlan) -> tuple[str, bytes]:
     return shlex.join(argv + rank.engine), env_file(rank.env, f"rank {rank.rank}")
 
 
-_INSPECT = rank_facts.container_state_command(CONTAINER_NAME, PLAN_LABEL)
+_INSPECT = rank_facts.container_state_command(CONTAINER_NAME, PLAN_LABEL, (PROFILE_LABEL, CLUSTER_LABEL))
 
 
 def _parse_state(result: Result) -> RankState:
@@ -84,13 +87,14 @@ def _parse_state(result: Result) -> RankState:
     if result.error or result.exit_status != 0:
         return RankState(t.rank, t.address, "unreachable", error=result.why())
     try:
-        found = rank_facts.parse_container_state(result.stdout)
+        found = rank_facts.parse_container_state(result.stdout, extra=2)
     except FactError as e:
         return RankState(t.rank, t.address, "unknown", error=f"{t.name}: {e}")
     if found is None:
         return RankState(t.rank, t.address, "absent")
+    profile, cluster = (found.extra + (None, None))[:2]
     return RankState(t.rank, t.address, found.status, found.exit_code, found.oom_killed, found.started_at,
-                     found.image, found.label)
+                     found.image, found.label, profile=profile, cluster=cluster)
 
 
 def states(group: Group) -> list[RankState]:

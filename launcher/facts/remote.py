@@ -55,35 +55,43 @@ class ContainerState:
     started_at: str | None
     image: str | None
     label: str | None          # the value of the label asked for
+    extra: tuple[str | None, ...] = ()  # the values of the extra labels asked for, in order
 
 
-def container_state_command(name: str, label: str) -> str:
-    """Prints `<State as JSON>\\t<label's value>\\t<image>`, or `absent` when there is no such
-    container (or no Docker that answers: the caller tells those apart by the exit status)."""
+def container_state_command(name: str, label: str, extra: tuple[str, ...] = ()) -> str:
+    """Prints `<State as JSON>\\t<label's value>\\t<image>[\\t<extra label's value>...]`, or
+    `absent` when there is no such container (or no Docker that answers: the caller tells those
+    apart by the exit status)."""
+    extras = "".join("\t{{index .Config.Labels \"" + x + "\"}}" for x in extra)
     return ("docker inspect --format '{{json .State}}\t{{index .Config.Labels \"" + label
-            + "\"}}\t{{.Config.Image}}' " + name + " 2>/dev/null || echo absent")
+            + "\"}}\t{{.Config.Image}}" + extras + "' " + name + " 2>/dev/null || echo absent")
 
 
-def parse_container_state(stdout: str) -> ContainerState | None:
+def parse_container_state(stdout: str, extra: int = 0) -> ContainerState | None:
     """None for `absent`; FactError, quoting the line, for output of another shape."""
-    lines = stdout.strip().splitlines()
-    line = lines[-1] if lines else ""  # what a login shell prints first (a banner) is not ours
+    lines = [x for x in stdout.splitlines() if x.strip()]
+    line = lines[-1].rstrip("\r") if lines else ""  # a banner a login shell prints first is not ours;
+    # the line's own trailing tabs are kept: they separate labels left empty
     if line == "absent":
         return None
     try:
-        return _state_of(line)
+        return _state_of(line, extra)
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON errors are ValueErrors
         raise FactError(f"`docker inspect` printed {line!r:.200}, not the container's state ({e})") from None
 
 
-def _state_of(line: str) -> ContainerState:
-    state_json, label, image = line.split("\t")
+def _state_of(line: str, n_extra: int) -> ContainerState:
+    fields = line.split("\t")
+    if len(fields) != 3 + n_extra:
+        raise ValueError(f"{len(fields)} fields, not {3 + n_extra}")
+    state_json, label, image, *extra = fields
     state = json.loads(state_json)
     status, code, started = state["Status"], state.get("ExitCode"), state.get("StartedAt")
     if not isinstance(status, str) or type(code) not in (int, type(None)) \
             or type(started) not in (str, type(None)):
         raise ValueError("State.Status, ExitCode or StartedAt of another type")
-    return ContainerState(status, code, bool(state.get("OOMKilled")), started, image, label or None)
+    return ContainerState(status, code, bool(state.get("OOMKilled")), started, image, label or None,
+                          tuple(x if x and x != "<no value>" else None for x in extra))
 
 
 # --- memory ------------------------------------------------------------------------------------

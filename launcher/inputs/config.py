@@ -237,6 +237,9 @@ GID_INDEX_ENV = "NCCL_IB_GID_INDEX"
 
 
 class Cluster(Strict):
+    # names this cluster on its containers and its lock (default: the config file's name), so a
+    # second cluster on the same ranks is named, not silently replaced
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     profile: str
     topology: Literal["switch", "ring"]
     rendezvous: Host | None = None  # address of rank 0 every rank reaches; see rendezvous()
@@ -316,6 +319,14 @@ def rendezvous(loaded: Loaded, fabric_env: dict[int, dict[str, str]] | None = No
 # default is 29501). TensorFold: its own default 29551 (seed 001's one-shot.sh passes none; its
 # RoCE reductions' Gloo group takes the port 11 above).
 MASTER_PORTS = {"vllm": 29521, "tensorfold": 29551}
+
+
+def cluster_name(loaded: Loaded) -> str:
+    """The config's `name`, else its file's name without .yaml (made label-safe)."""
+    if loaded.cluster.name:
+        return loaded.cluster.name
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(loaded.path).stem).strip("-._") if loaded.path else ""
+    return stem[:63] or "cluster"
 
 
 def master_port(loaded: Loaded) -> int:

@@ -18,7 +18,7 @@ from ..facts import fabric
 from ..facts.checkpoint import ModelShape, WeightSplit
 from ..facts.facts import Facts
 from ..inputs import apikey, vllm_flags, vllm_guard
-from ..inputs.config import Cluster, ContainerSettings, Loaded, master_port, rendezvous
+from ..inputs.config import Cluster, ContainerSettings, Loaded, cluster_name, master_port, rendezvous
 
 # A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
 # 127,600,000 kB (≈ 121.7 GiB, DESIGN.md), and MemAvailable once page caches are dropped and
@@ -453,6 +453,7 @@ def _docker_run(loaded: Loaded, r: int, image: str) -> list[str]:
             "--oom-score-adj", str(OOM_SCORE_ADJ)]
     argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
              "--label", f"org.sparkstack.profile={loaded.profile.name}",
+             "--label", f"org.sparkstack.cluster={cluster_name(loaded)}",
              "--label", f"org.sparkstack.rank={r}", *ENV_FROM_STDIN]
     return argv + [image]
 
