@@ -18,7 +18,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -597,18 +596,34 @@ def test_low_memory_on_one_rank_fails_with_numbers(sandbox, loaded, squeezed):
 
 
 def test_trust_new_hosts_shows_every_key_it_trusts(sandbox, tmp_path):
-    """`check --trust-new-hosts` with no known host: each rank's key is recorded and its
-    fingerprint shown, so the user can still compare it (never trusted silently)."""
+    """`check --trust-new-hosts --json` with no known host: each rank's key is recorded and its
+    fingerprint shown on stderr (never trusted silently; stdout stays JSON), every rank connects
+    and is checked in full; the next check, without the flag, connects with the recorded keys."""
     doc = yaml.safe_load(Path(sandbox.config).read_text())
     known = tmp_path / "known_hosts"
     doc.setdefault("ssh", {})["known_hosts"] = str(known)
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc))
-    result = CliRunner().invoke(main, ["check", "-c", str(path), "--trust-new-hosts"])
-    assert result.exit_code in (0, 1), result.output
-    for name in sandbox.names:
-        assert f"trusting new host key for {name} (" in result.output and "SHA256:" in result.output
+
+    def checked(*flags):
+        result = CliRunner().invoke(main, ["check", "-c", str(path), "--json", *flags])
+        data = json.loads(result.stdout)
+        assert result.exit_code == (0 if data["ok"] else 1), result.output
+        for r in data["ranks"]:  # connected: the ssh row passed and every row was measured
+            assert [c["name"] for c in r["checks"]] == [n for n in check.ORDER
+                                                         if n != "api key" or r["rank"] == 0], r
+            assert r["checks"][0]["status"] == "pass", r["checks"][0]
+        return result, data
+
+    trusting, first = checked("--trust-new-hosts")
+    for rank in sandbox.ranks:
+        assert f"trusting new host key for {rank['name']} ({rank['address']}:{rank['port']}): " \
+            in trusting.stderr, trusting.stderr
+    assert trusting.stderr.count(" SHA256:") == len(sandbox.names)
     assert len(known.read_text().splitlines()) == len(sandbox.names)
+    again, second = checked()
+    assert "trusting" not in again.stderr and known.read_text().count("\n") == len(sandbox.names)
+    assert again.exit_code == trusting.exit_code
 
 
 def test_unreachable_rank_is_a_failed_row_fast(sandbox, tmp_path):

@@ -4,6 +4,7 @@ kernel print it, read by its parser; and the commands run against this host's ow
 import json
 import shutil
 import subprocess
+import uuid
 
 import pytest
 
@@ -64,14 +65,21 @@ def local_docker_cli():
         pytest.skip("no docker CLI with an engine here")
 
 
-def test_commands_against_this_hosts_docker(local_docker_cli):
+@pytest.fixture
+def own_image(local_docker_cli):
+    """An image of this test's own (empty, one label), imported with no registry; removed after."""
+    ref = f"sparkstack-test/rank-facts:{uuid.uuid4().hex[:8]}"
+    made = local_shell(f"tar cf - -T /dev/null | docker import --change 'LABEL org.sparkstack.chain=c0ffee' - {ref}")
+    assert made.returncode == 0, made.stderr
+    yield ref, made.stdout.strip()
+    local_shell(f"docker rmi {ref}")
+
+
+def test_commands_against_this_hosts_docker(own_image):
     """The commands as a rank runs them, with this host's Docker: what they print, the parsers read."""
-    listed = local_shell("docker image ls --format '{{.Repository}}:{{.Tag}}' | grep -v '<none>' | head -1").stdout.strip()
-    if not listed:
-        pytest.skip("no tagged image on this host")
-    out = local_shell(remote.image_ids_command([listed, "sparkstack/no-such:image"], label="org.sparkstack.chain"))
-    assert out.returncode == 0
-    found = remote.parse_image_ids(out.stdout)
-    assert list(found) == [listed] and found[listed].id.startswith("sha256:")
+    ref, image_id = own_image
+    out = local_shell(remote.image_ids_command([ref, "sparkstack/no-such:image"], label="org.sparkstack.chain"))
+    assert out.returncode == 0, out.stderr
+    assert remote.parse_image_ids(out.stdout) == {ref: remote.RankImage(image_id, "c0ffee")}
     out = local_shell(remote.container_state_command("sparkstack-no-such-container", "org.sparkstack.plan"))
     assert out.returncode == 0 and remote.parse_container_state(out.stdout) is None

@@ -464,10 +464,11 @@ def _wait_ready(client, name: str, address: str, deadline: float) -> None:
                        f"`docker exec {container_name(name)} tail /var/log/dockerd.log`")
 
 
-def _image_tar(client, tag: str, images_dir: Path) -> Path:
-    """The stand-in image saved once to the state dir (the ranks see it at /sandbox/images)."""
+def _image_tar(client, tag: str, image_id: str, images_dir: Path) -> Path:
+    """The stand-in image saved once to the state dir (the ranks see it at /sandbox/images), named
+    by its ID too: a rebuild under the same tag (the image was removed here) is saved anew."""
     images_dir.mkdir(parents=True, exist_ok=True)
-    fname = tag.replace(":", "_").replace("/", "_") + ".tar"
+    fname = f"{tag.replace(':', '_').replace('/', '_')}_{image_id.removeprefix('sha256:')[:12]}.tar"
     path = images_dir / fname
     if path.exists():
         return path
@@ -481,8 +482,11 @@ def _image_tar(client, tag: str, images_dir: Path) -> Path:
     return path
 
 
-def _load_into_rank(container, tag: str, tar: Path) -> str:
-    if container.exec_run(["docker", "image", "inspect", tag]).exit_code == 0:
+def _load_into_rank(container, tag: str, image_id: str, tar: Path) -> str:
+    """The rank's engine gets the stand-in unless it has this very image (by ID: a tag this host
+    has rebuilt would otherwise leave the rank serving the old one, which `check` then fails)."""
+    there = container.exec_run(["docker", "image", "inspect", "--format", "{{.Id}}", tag])
+    if there.exit_code == 0 and there.output.decode().strip() == image_id:
         return "present"
     res = container.exec_run(["docker", "load", "-q", "-i", f"/sandbox/images/{tar.name}"])
     if res.exit_code != 0:
@@ -581,14 +585,15 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
             containers[name], actions[name] = fut.result()
     progress("ranks: " + ", ".join(f"{n} {a}" for n, a in actions.items())
              + "; waiting for each rank's sshd and dockerd")
-    tar = _image_tar(client, images["vllm"], paths(state_dir)["images"])
+    vllm_id = client.images.get(images["vllm"]).id
+    tar = _image_tar(client, images["vllm"], vllm_id, paths(state_dir)["images"])
     deadline = time.monotonic() + READY_TIMEOUT_S
 
     def ready_and_loaded(i_name):
         # each rank loads the base as soon as its own dockerd answers (no waiting for the others)
         i, name = i_name
         _wait_ready(client, name, rank_address(i, net), deadline)
-        return _load_into_rank(containers[name], images["vllm"], tar)
+        return _load_into_rank(containers[name], images["vllm"], vllm_id, tar)
 
     with cf.ThreadPoolExecutor(n) as pool:
         loads = dict(zip(names, pool.map(ready_and_loaded, enumerate(names))))

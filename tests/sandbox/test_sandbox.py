@@ -310,6 +310,28 @@ def test_up_again_is_idempotent_and_fast(sandbox):
     assert all(r["docker"] == "running" for r in result["ranks"])
 
 
+def test_up_gives_a_rank_this_hosts_stand_in_when_its_tag_names_another(sandbox):
+    """A rank whose stand-in tag names another image than this host's (as after the host rebuilt
+    it under the same tag): `up` loads this host's into it, else `check`'s image row fails."""
+    import docker
+
+    tag = sandbox.images["vllm"]
+    want = docker.from_env().images.get(tag).id
+
+    def on_spark2() -> str:
+        return sandbox.run("spark2", f"docker image inspect --format '{{{{.Id}}}}' {tag}")[1].strip()
+
+    rc, other, err = sandbox.run("spark2", f"tar cf - -T /dev/null | docker import - {tag}")
+    assert rc == 0, err
+    try:
+        assert on_spark2() == other.strip() != want
+        result = cluster.up(sandbox.state_dir, progress=lambda m: None)
+        assert on_spark2() == want
+        assert set(result["actions"].values()) == {"adopted"}
+    finally:
+        sandbox.run("spark2", f"docker rmi {other.strip()} >/dev/null 2>&1; true")
+
+
 def test_ring_cables_are_real_netdevs(sandbox):
     """Each rank's two fabric ports exist as 9000-MTU netdevs with the fixtures' addresses; a
     don't-fragment 9000 B ping crosses a cable; a non-neighbour's fabric IP is unreachable in
