@@ -470,7 +470,8 @@ def _wait_ready(client, name: str, address: str, deadline: float) -> None:
 def _image_tar(client, tag: str, images_dir: Path) -> Path:
     """The stand-in image saved once to the state dir (the ranks see it at /sandbox/images)."""
     images_dir.mkdir(parents=True, exist_ok=True)
-    fname = tag.replace(":", "_").replace("/", "_") + ".tar"
+    image_id = client.images.get(tag).id.split(":")[-1][:12]  # a rebuild under the same tag differs
+    fname = tag.replace(":", "_").replace("/", "_") + f"_{image_id}.tar"
     path = images_dir / fname
     if path.exists():
         return path
@@ -485,7 +486,10 @@ def _image_tar(client, tag: str, images_dir: Path) -> Path:
 
 
 def _load_into_rank(container, tag: str, tar: Path) -> str:
-    if container.exec_run(["docker", "image", "inspect", tag]).exit_code == 0:
+    """Load the stand-in image unless the rank has this very build of it (same tag and ID: a
+    build from another checkout can reuse the tag after this one's was untagged)."""
+    res = container.exec_run(["docker", "image", "inspect", "-f", "{{.Id}}", tag])
+    if res.exit_code == 0 and res.output.decode().strip().split(":")[-1][:12] in tar.name:
         return "present"
     res = container.exec_run(["docker", "load", "-q", "-i", f"/sandbox/images/{tar.name}"])
     if res.exit_code != 0:
