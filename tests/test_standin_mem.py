@@ -235,7 +235,10 @@ def test_a_load_whose_page_cache_eats_memfree_dies_with_nv_err_no_memory(running
     box. MemAvailable would say yes; MemFree says no, and that is what the GPU needs."""
     daemon, tmp, vm = running
     proc = engine(tmp, daemon, 50, 30 * GIB, load_s=2)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
     assert proc.returncode == 1, err
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 30.00 GiB." in err
     assert "NV_ERR_NO_MEMORY" in err
