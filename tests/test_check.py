@@ -568,20 +568,14 @@ def test_image_missing_on_one_rank_is_named(sandbox, loaded):
 
 @pytest.fixture
 def squeezed(sandbox):
-    """spark2's /proc/meminfo shows 10 GiB available, rewritten in place; restored after."""
-    path = Path(sandbox.state_dir) / "ranks" / "spark2" / "meminfo"
-    original = path.read_text()
-    low = "\n".join(f"MemAvailable:   {10 * (1 << 20):>8} kB" if line.startswith("MemAvailable:") else line
-                    for line in original.splitlines()) + "\n"
-    with open(path, "r+") as f:
-        f.write(low)
-        f.truncate()
+    """spark2's /proc/meminfo shows 10 GiB available (a squeeze of its sandbox memory); released after."""
+    from launcher.sandbox import meminfo
+
+    meminfo.squeeze_available(sandbox.state_dir, "spark2", 10 * (1 << 30))
     try:
-        yield path
+        yield
     finally:
-        with open(path, "r+") as f:
-            f.write(original)
-            f.truncate()
+        meminfo.unsqueeze(sandbox.state_dir, "spark2")
 
 
 def test_low_memory_on_one_rank_fails_with_numbers(sandbox, loaded, squeezed):

@@ -307,21 +307,14 @@ def prebuilt_config(sandbox, tmp_path: Path, image: str) -> Path:
     return path
 
 
-def rewrite(path: Path, text: str) -> None:
-    """In place: the rank sees the file through a bind mount of this very inode."""
-    with open(path, "r+") as f:
-        f.write(text)
-        f.truncate()
-
-
 def test_swap_sysctl_and_an_unmounted_checkpoint_on_real_ranks(sandbox, tmp_path):
     """spark2 has swapped 2 GiB out, spark3 booted with vm.swappiness=60, spark4's model dir
     has nothing mounted on it (an empty mount point, as when the NFS mount did not come up):
     `sparkstack check` warns for the first two (exit 0), fails the third (exit 1), each line
     naming the rank and the fix. Everything is put back."""
     cfg = prebuilt_config(sandbox, tmp_path, sandbox.images["vllm"])
-    meminfo = Path(sandbox.state_dir) / "ranks" / "spark2" / "meminfo"
-    original = meminfo.read_text()
+    from launcher.sandbox import meminfo
+
     before = {n: sandbox.run(n, "cat /proc/sys/vm/swappiness /proc/sys/vm/compaction_proactiveness")[1].split()
               for n in sandbox.names}
     assert all(len(v) == 2 for v in before.values()), before
@@ -330,8 +323,7 @@ def test_swap_sysctl_and_an_unmounted_checkpoint_on_real_ranks(sandbox, tmp_path
         for n in sandbox.names:  # the state `prep` leaves, but for spark3's swappiness
             swappiness = 60 if n == "spark3" else 1
             assert sandbox.run(n, f"sudo sysctl -q -w vm.swappiness={swappiness} vm.compaction_proactiveness=0")[0] == 0
-        rewrite(meminfo, re.sub(r"SwapFree:\s+\d+ kB", f"SwapFree:        {6 << 20} kB",
-                                re.sub(r"SwapTotal:\s+\d+ kB", f"SwapTotal:       {8 << 20} kB", original)))
+        meminfo.set_swap(sandbox.state_dir, "spark2", total=8 << 30, free=6 << 30)
         warned = CliRunner().invoke(main, ["check", "-c", str(cfg)])
         assert warned.exit_code == 0, warned.output
         assert table_cells(warned, "swap") == ["pass", "WARN", "pass", "pass"]
@@ -350,7 +342,7 @@ def test_swap_sysctl_and_an_unmounted_checkpoint_on_real_ranks(sandbox, tmp_path
         assert failed.output.splitlines()[-1].startswith("not ready (")
     finally:
         sandbox.run("spark4", f"findmnt -n -o SOURCE {MODEL} | grep -qx sparkstack-test-hidden && sudo umount {MODEL}")
-        rewrite(meminfo, original)
+        meminfo.set_swap(sandbox.state_dir, "spark2", total=0, free=0)
         for n, (swappiness, compaction) in before.items():
             sandbox.run(n, f"sudo sysctl -q -w vm.swappiness={swappiness} vm.compaction_proactiveness={compaction}")
     assert sandbox.run("spark4", f"ls {MODEL}")[1].strip(), "the checkpoint is back on spark4"

@@ -22,6 +22,7 @@ from launcher.transport import gather
 from launcher.apply import prep
 from launcher.cli.commands import main
 from launcher.facts.facts import Memory, Mount
+from launcher.sandbox import meminfo
 
 GIB = 1 << 30
 
@@ -128,11 +129,18 @@ def read_sysctl(sandbox, name, key):
 def test_prep_sets_sysctls_on_every_rank_then_reports_them_already_set(sandbox, loaded):
     for name in sandbox.names:  # ranks' /proc/sys/vm is their own copy: safe to change
         sandbox.run(name, "sudo sysctl -q -w vm.swappiness=60 vm.compaction_proactiveness=20")
+        meminfo.fill_page_cache(sandbox.state_dir, name, 200 * GIB)  # as after a checkpoint read
+    since = time.time() - 1
     first = prep.run(loaded)
     assert first.ok, first.to_json()
     for r in first.ranks:
         assert set(r.changed) == {"vm.swappiness=1", "vm.compaction_proactiveness=0", "drop caches"}
         assert r.mem_available >= first.need
+        # memory came back because the drop emptied the page cache (the rank's sandbox kernel)
+        meminfo.settle(sandbox.state_dir, r.host)  # its daemon takes the drop in within 0.1 s
+        fields = meminfo.read(sandbox.state_dir, r.host)
+        assert fields["Cached"] < 1 << 20 and fields["MemFree"] > 100 << 20, (r.host, fields)
+        assert ("drop_caches", "3") in [e[1:] for e in meminfo.events(sandbox.state_dir, r.host, since)]
     for name in sandbox.names:
         assert read_sysctl(sandbox, name, "vm.swappiness") == "1"
         assert read_sysctl(sandbox, name, "vm.compaction_proactiveness") == "0"
@@ -161,21 +169,12 @@ def test_raise_for_failures_names_rank_and_cause():
 
 @pytest.fixture
 def squeezed(sandbox):
-    """spark3's MemAvailable down to 10 GiB (its meminfo file rewritten in place); restorable."""
-    path = Path(sandbox.state_dir) / "ranks" / "spark3" / "meminfo"
-    original = path.read_text()
-
-    def write(text):
-        with open(path, "r+") as f:
-            f.write(text)
-            f.truncate()
-
-    write("\n".join(f"MemAvailable:   {10 * (1 << 20):>8} kB" if line.startswith("MemAvailable:") else line
-                    for line in original.splitlines()) + "\n")
+    """spark3's MemAvailable down to 10 GiB (a squeeze of its sandbox memory); restorable."""
+    meminfo.squeeze_available(sandbox.state_dir, "spark3", 10 * GIB)
     try:
-        yield lambda: write(original)
+        yield lambda: meminfo.unsqueeze(sandbox.state_dir, "spark3")
     finally:
-        write(original)
+        meminfo.unsqueeze(sandbox.state_dir, "spark3")
 
 
 def test_wait_for_memory_shows_progress_until_it_is_back(sandbox, loaded, squeezed):

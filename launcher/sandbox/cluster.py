@@ -228,7 +228,9 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int, cabling: 
         _write_in_place(rdir / "ip-addr.json",
                         json.dumps(fabric.ip_addr_json(i, n, cabling), indent=2) + "\n")
         truth[name] = fabric.fabric_truth(i, n, cabling)
-        _write_in_place(rdir / "meminfo", meminfo_mod.meminfo(i))
+        if not (rdir / "meminfo").exists():  # then the rank's memory daemon owns it
+            (rdir / "meminfo").write_text(meminfo_mod.meminfo(i))
+        meminfo_mod.write_boot_state(rdir, i)
     _write_if_changed(p["known_hosts"], "\n".join(known) + "\n")
     summary = ckpt.write_checkpoint(p["model"])
     ckpt.write_patches(p["patches"])
@@ -359,7 +361,8 @@ def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
             str(rdir / "ip-addr.json"): {"bind": "/sandbox/ip-addr.json", "mode": "ro"},
             str(rdir / "ssh"): {"bind": "/sandbox/ssh", "mode": "ro"},
             str(p["images"]): {"bind": "/sandbox/images", "mode": "ro"},
-            **({str(rdir / "meminfo"): {"bind": "/sandbox/meminfo", "mode": "ro"}}
+            **({str(rdir / "meminfo"): {"bind": "/sandbox/meminfo", "mode": "rw"},
+                str(rdir / "mem"): {"bind": "/sandbox/mem", "mode": "rw"}}
                if meminfo_mod.enabled() else {}),
         },
         tmpfs={"/run": "rw,exec,size=64m", "/tmp": "rw,exec,size=512m"},

@@ -148,9 +148,13 @@ if [ ! -e /run/sandbox-vm/.ready ]; then
     mount --bind /run/sandbox-vm /proc/sys/vm || log "cannot shadow /proc/sys/vm"
 fi
 
-# /proc/meminfo: a GB10's figures (see launcher/sandbox/meminfo.py), unless turned off.
+# /proc/meminfo: a GB10's figures (see launcher/sandbox/meminfo.py), unless turned off, kept
+# up to date by the rank's memory daemon (held memory, page cache, vm.drop_caches).
 if [ -f /sandbox/meminfo ]; then
     mount --bind /sandbox/meminfo /proc/meminfo || log "cannot shadow /proc/meminfo"
+    if [ -d /sandbox/mem ]; then
+        /usr/local/sbin/sandbox-meminfo >>/var/log/sandbox-meminfo.log 2>&1 &
+    fi
 fi
 
 # ssh: host key and authorized key come from the sandbox directory on the host.
@@ -171,12 +175,15 @@ exec /usr/sbin/sshd -D -e
 
 # The rank dockerd's OCI runtime: runc, after adding to each new container's bundle the bind
 # mounts a container on a real Spark gets from the kernel for free -- /proc/meminfo (the rank's
-# GB10 figures; on a real box the container sees the host's) and the fabric fixtures' sysfs tree
-# (read by the stand-in engines to find the GIDs NCCL would use). Standard library only.
+# GB10 figures; on a real box the container sees the host's), the rank's memory state (rw: a
+# process in the container registers the memory it holds and the bytes it reads, as the kernel
+# would count them; standins/standin_mem.py) and the fabric fixtures' sysfs tree (read by the
+# stand-in engines to find the GIDs NCCL would use). Standard library only.
 SANDBOX_RUNC = r"""#!/usr/bin/python3
 import json, os, sys
 
-MOUNTS = [("/sandbox/meminfo", "/proc/meminfo"), ("/sandbox/sysfs", "/sandbox/sysfs")]
+MOUNTS = [("/sandbox/meminfo", "/proc/meminfo", "ro"), ("/sandbox/mem", "/sandbox/mem", "rw"),
+          ("/sandbox/sysfs", "/sandbox/sysfs", "ro")]
 
 
 def bundle(args):
@@ -192,10 +199,10 @@ def add_mounts(path):
     with open(path) as f:
         spec = json.load(f)
     have = {m.get("destination") for m in spec.get("mounts", [])}
-    for source, dest in MOUNTS:
+    for source, dest, mode in MOUNTS:
         if dest not in have and os.path.exists(source):
             spec.setdefault("mounts", []).append(
-                {"destination": dest, "type": "bind", "source": source, "options": ["rbind", "ro"]})
+                {"destination": dest, "type": "bind", "source": source, "options": ["rbind", mode]})
     with open(path + ".tmp", "w") as f:
         json.dump(spec, f)
     os.replace(path + ".tmp", path)
@@ -238,6 +245,7 @@ COPY sandbox-rank-init /usr/local/sbin/sandbox-rank-init
 COPY sandbox.conf /etc/ssh/sshd_config.d/sandbox.conf
 COPY sandbox-runc /usr/local/sbin/sandbox-runc
 COPY sandbox-dockerd /usr/local/sbin/sandbox-dockerd
+COPY sandbox-meminfo /usr/local/sbin/sandbox-meminfo
 LABEL org.sparkstack.sandbox="1" org.sparkstack.sandbox.role="rank"
 CMD ["/usr/local/sbin/sandbox-rank-init"]
 """
@@ -291,8 +299,10 @@ HOOKS = {RANK_FS.repository: _RANK_HOOKS, STANDIN_FS.repository: _STANDIN_HOOKS}
 def rank_stage() -> FilesStage:
     return FilesStage("sparkstack-sandbox-rank", RANK_FS, RANK_DOCKERFILE,
                       {"sandbox-rank-init": RANK_INIT.encode(), "sandbox.conf": SSHD_CONF.encode(),
-                       "sandbox-runc": SANDBOX_RUNC.encode(), "sandbox-dockerd": SANDBOX_DOCKERD.encode()},
-                      {"sandbox-rank-init": 0o755, "sandbox-runc": 0o755, "sandbox-dockerd": 0o755})
+                       "sandbox-runc": SANDBOX_RUNC.encode(), "sandbox-dockerd": SANDBOX_DOCKERD.encode(),
+                       "sandbox-meminfo": (STANDINS / "standin_mem.py").read_bytes()},
+                      {"sandbox-rank-init": 0o755, "sandbox-runc": 0o755, "sandbox-dockerd": 0o755,
+                       "sandbox-meminfo": 0o755})
 
 
 # The files of a vLLM EXL3 image that the chain's stages add to or overlay (vLLM's package layout
@@ -315,15 +325,17 @@ TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbo
                    b'tensorfold/cli.py is launcher/sandbox/standins/standin_tensorfold.py."""\n'
                    b'__version__ = "0.6.5"\n')
 # Stand-in modules installed side by side in dist-packages: the TensorFold stand-in imports the
-# vLLM stand-in's HTTP engine and standin_dist's cluster forming.
-STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py")
+# vLLM stand-in's HTTP engine and standin_dist's cluster forming; the vLLM stand-in registers
+# the memory it loads through standin_mem.
+STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py",
+                   "standin_mem.py")
 
 
 def standin_site_packages() -> dict[str, bytes]:
     """dist-packages files of the stand-in image, by path under dist-packages."""
     files = dict(STANDIN_PACKAGE)
     files.update({name: (STANDINS / name).read_bytes()
-                  for name in ("standin_vllm.py", "standin_dist.py", "standin_ray.py")})
+                  for name in ("standin_vllm.py", "standin_dist.py", "standin_ray.py", "standin_mem.py")})
     files["tensorfold/__init__.py"] = TENSORFOLD_INIT
     files["tensorfold/cli.py"] = (STANDINS / "standin_tensorfold.py").read_bytes()
     return files

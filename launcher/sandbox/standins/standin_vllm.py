@@ -24,6 +24,14 @@ What it mimics, for what the kit touches:
   * then vLLM's startup guard (`request_memory`, run by every worker whether or not
     `--kv-cache-memory-bytes` is given): free memory = MemAvailable - what the worker holds
     (SANDBOX_VLLM_HELD_GIB) must be >= MemTotal x --gpu-memory-utilization (default 0.92);
+- then it "loads" (see load_model): over SANDBOX_VLLM_LOAD_S it takes its weights, then its KV
+  pool (--kv-cache-memory-bytes), then its CUDA graphs, each registered with the rank's memory
+  model (standin_mem.py: /sandbox/mem, in the rank's meminfo while this process lives), and
+  reports the checkpoint bytes it reads so the rank's page cache fills. Strict like a GB10: an
+  allocation that does not fit in MemFree (the page cache is not reclaimed for the GPU on
+  unified memory) dies with CUDA's out-of-memory error and NVRM's NV_ERR_NO_MEMORY, exit 1.
+  Without /sandbox/mem (SPARKSTACK_SANDBOX_MEMINFO=host, or run outside the sandbox) it only
+  waits SANDBOX_VLLM_LOAD_S;
 - `--headless` serves nothing (a multi-node worker rank) until SIGTERM;
 - otherwise the OpenAI API: GET /health, /v1/models, /metrics (vLLM metric names), /version and
   POST /v1/chat/completions (streaming SSE with usage, reasoning, a needle-answering trick),
@@ -45,6 +53,13 @@ Environment knobs (all optional):
                                     sandbox, the rank's GB10 figures)
   SANDBOX_VLLM_HELD_GIB             what a worker holds (CUDA context, NCCL, cuBLAS) when vLLM's
                                     startup guard measures free memory (14, seed 000's figure)
+  SANDBOX_VLLM_LOAD_S               how long loading takes, split 80/10/10 over weights, KV pool
+                                    and graphs (0: all at once)
+  SANDBOX_VLLM_WEIGHTS_GIB          weights this rank holds (default: the checkpoint's
+                                    *.safetensors bytes / --tensor-parallel-size); it reads as
+                                    many bytes (page cache), in up to 16 steps
+  SANDBOX_VLLM_GRAPHS_GIB           CUDA graphs and activations taken after the KV pool (0.5)
+  SANDBOX_VLLM_MEM_DIR              the rank's memory state (/sandbox/mem); absent: no accounting
   SANDBOX_VLLM_DIST_TIMEOUT_S       how long multi-node ranks wait for each other (120)
   SANDBOX_VLLM_MIN_NOFILE           if set, refuse (exit 1) a soft RLIMIT_NOFILE below it, like
                                     NCCL's "Too many open files" at 4 ranks
@@ -508,6 +523,80 @@ def join_cluster(options: dict) -> str | None:
         stop=STOP, log=log)
 
 
+# ---------------------------------------------------------------- loading, on a GB10's memory
+
+def checkpoint_bytes(model: str) -> int:
+    try:
+        return sum(os.path.getsize(os.path.join(model, n)) for n in os.listdir(model)
+                   if n.endswith(".safetensors"))
+    except OSError:
+        return 0
+
+
+def load_steps(model: str, options: dict) -> list[tuple[str, int, int, float]]:
+    """(what, bytes to allocate, bytes read first, seconds) of each loading step."""
+    load_s = knob("SANDBOX_VLLM_LOAD_S", 0)
+    tp = int(options.get("tensor_parallel_size") or 1)
+    weights = (int(knob("SANDBOX_VLLM_WEIGHTS_GIB", 0) * GIB) if "SANDBOX_VLLM_WEIGHTS_GIB" in os.environ
+               else checkpoint_bytes(model) // tp)
+    n = max(1, min(16, -(-weights // GIB)))
+    steps = [("weights", weights // n + (weights % n if i == n - 1 else 0), 0, 0.8 * load_s / n)
+             for i in range(n)]
+    steps = [(what, size, size, secs) for what, size, _, secs in steps]
+    steps.append(("KV cache", int(options.get("kv_cache_memory_bytes") or 0), 0, 0.1 * load_s))
+    steps.append(("CUDA graphs", int(knob("SANDBOX_VLLM_GRAPHS_GIB", 0.5) * GIB), 0, 0.1 * load_s))
+    return steps
+
+
+def oom_message(size: int, info: dict, held: int) -> str:
+    """torch's CUDA OOM as a GB10 shows it (the driver's NVRM line is the field's clue)."""
+    total, free = info["MemTotal"], info.get("MemFree", 0)
+    return (f"NVRM: nvAssertOkFailedNoLog: Assertion failed: Out of memory [NV_ERR_NO_MEMORY] "
+            f"(0x00000051) returned from _memdescAllocInternal(pMemDesc)\n"
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {size / GIB:.2f} GiB. "
+            f"GPU 0 has a total capacity of {total / GIB:.2f} GiB of which {free / GIB:.2f} GiB is "
+            f"free. Including non-PyTorch memory, this process has {held / GIB:.2f} GiB memory in "
+            f"use. Of the allocated memory {held / GIB:.2f} GiB is allocated by PyTorch, and 0 "
+            f"bytes is reserved by PyTorch but unallocated. (CUDA error: out of memory; "
+            f"cudaMalloc failed: NV_ERR_NO_MEMORY)")
+
+
+def load_model(model: str, options: dict) -> str | None:
+    """Take the engine's memory step by step, as loading does; the error when a step does not
+    fit in MemFree, None when loaded (or stopped)."""
+    mem_dir = os.environ.get("SANDBOX_VLLM_MEM_DIR", "/sandbox/mem")
+    steps = load_steps(model, options)
+    if not os.path.isdir(mem_dir):  # no memory model: only the time it takes
+        wait_for_signal(sum(s[3] for s in steps))
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+    import standin_mem
+
+    global HOLDER
+    HOLDER = standin_mem.Holder(mem_dir, "vllm")
+    held, due = 0, time.monotonic()
+    for what, size, read, seconds in steps:
+        if STOP.is_set():
+            return None
+        due += seconds  # when this step ends: the load takes SANDBOX_VLLM_LOAD_S in all
+        if read:
+            standin_mem.report_read(mem_dir, read)
+        standin_mem.settle(mem_dir)
+        info = read_meminfo(os.environ.get("SANDBOX_VLLM_MEMINFO", "/proc/meminfo"))
+        if size > info.get("MemFree", 0):
+            return oom_message(size, info, held)
+        held += size
+        HOLDER.hold(held)
+        if wait_for_signal(max(0.0, due - time.monotonic())):
+            return None
+    standin_mem.settle(mem_dir)
+    log(f"Model loading took {held / GIB:.2f} GiB of memory (weights, KV cache, CUDA graphs)")
+    return None
+
+
+HOLDER = None  # this process's registered memory (standin_mem.Holder): freed when it dies
+
+
 # ---------------------------------------------------------------- the fake engine
 
 def message_text(message: dict) -> str:
@@ -793,7 +882,7 @@ def wait_for_signal(seconds: float = float("inf")) -> bool:
     """Sleeps until SIGTERM/SIGINT (True) or `seconds` pass (False). Short polls keep the main
     thread responsive to signals."""
     deadline = time.monotonic() + seconds
-    while not STOP.wait(0.2):
+    while not STOP.wait(max(0.0, min(0.2, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:
             return False
     return True
@@ -900,7 +989,11 @@ def main(argv: list[str]) -> int:
     if problem:
         log(problem, "ERROR")
         return 1
-    if wait_for_signal(knob("SANDBOX_VLLM_STARTUP_S", 0)):  # "loading weights"
+    problem = load_model(model, options)
+    if problem:
+        log(problem, "ERROR")
+        return 1
+    if wait_for_signal(knob("SANDBOX_VLLM_STARTUP_S", 0)) or STOP.is_set():
         return 0
     if headless:
         master = f"{options.get('master_addr', '?')}:{options.get('master_port', '?')}"
