@@ -37,6 +37,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
 import socket
 import struct
 import threading
@@ -209,6 +210,18 @@ def reach(ip: str, port: int, source: str | None = None) -> str | None:
         return e.strerror or str(e)
 
 
+def any_reaches(tried: list[tuple[str, str, int]]) -> bool:
+    """Whether any (source, ip, port) connects, all tried at once: NCCL opens its HCA pairs in
+    parallel too, and a pair across two ring links waits out CONNECT_TIMEOUT_S before failing."""
+    answers: queue.Queue = queue.Queue()
+    for src, ip, port in tried:
+        threading.Thread(target=lambda a=(ip, port, src): answers.put(reach(*a)), daemon=True).start()
+    for _ in tried:
+        if answers.get() is None:
+            return True
+    return False
+
+
 # ---------------------------------------------------------------- the store (rendezvous)
 
 def _send(conn: socket.socket, obj) -> None:
@@ -367,7 +380,7 @@ def data_connections(me: dict, table: dict[int, dict], env: Mapping[str, str]) -
     for peer in rdma_peers(rank, n, env):
         theirs = table[peer].get("rdma") or []
         tried = [(mine["ip"], ep["ip"], ep["port"]) for mine in me["rdma"] for ep in theirs]
-        if not tried or all(reach(ip, port, source=src) for src, ip, port in tried):
+        if not any_reaches(tried):
             where = ", ".join(f"{m['hca']} {m['ip']}" for m in me["rdma"])
             there = ", ".join(f"{e['hca']} {e['ip']}" for e in theirs) or "no usable HCA"
             problems.append(f"NCCL WARN NET/IB : Got completion from peer with status="
