@@ -32,11 +32,13 @@ from launcher.inputs import config
 from launcher.facts import facts
 from launcher.transport import gather
 from launcher.cli.commands import main
-from launcher.facts.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
+from launcher.facts.facts import (CdiSpec, Checkpoint, Clock, Docker, DockerUlimits, Driver, Gid, Gpu, GpuClocks, Image,
+                                  Limit, Memory, NcclLib, Ulimits)
 
 GIB = 1 << 30
 IMAGE = "sparkstack/keys:0123456789abcdef"
 IMAGE_ID = "sha256:" + "ab" * 32
+DRIVER = "580.95.05"
 
 
 # --- fixture facts: the sandbox's sysfs through the real probe, the rest set here ---------------
@@ -97,7 +99,9 @@ def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:
                       (Image(IMAGE_ID, (IMAGE,), {}, 20 * GIB),)),
         checkpoint=Checkpoint("/models/glm53-sandbox", "c" * 64, "i" * 64, (("a.safetensors", 10),),
                               "f" * 64, 10),
-        gpu=None, clock=Clock(1000.0, 1000.1, 1000.0, 1000.1), problems=("nvidia-smi: not installed",))
+        gpu=Gpu("NVIDIA GB10", DRIVER, None), clock=Clock(1000.0, 1000.1, 1000.0, 1000.1), problems=(),
+        driver=Driver(DRIVER, "13.0", DRIVER), gpu_clocks=GpuClocks(208, 3003), nvidia_ctk="1.17.8",
+        cdi_specs=(CdiSpec("/etc/cdi/nvidia.yaml", DRIVER),))
     base.update(changes)
     return dataclasses.replace(f, **base)
 
@@ -149,7 +153,8 @@ def test_healthy_facts_pass_every_row(sandbox_config, fabric_facts):
 
 def test_gpu_required_but_missing_fails_with_the_fix(sandbox_config, fabric_facts):
     loaded = with_container(sandbox_config, gpus="all")
-    report = check.evaluate(inputs(loaded, fabric_facts))
+    no_gpu = {"gpu": None, "driver": None, "gpu_clocks": None, "problems": ("nvidia-smi: not installed",)}
+    report = check.evaluate(inputs(loaded, fabric_facts, {2: no_gpu}))
     gpu = row(report, 2, "gpu")
     assert gpu.status == "fail" and "nvidia-smi: not installed" in gpu.value and "driver" in gpu.fix
     assert not report.ok
@@ -232,7 +237,9 @@ def test_image_missing_or_different_fails_naming_the_rank(sandbox_config, fabric
                    (Image("sha256:" + "cd" * 32, (IMAGE,), {}, 1),))
     empty = dataclasses.replace(other, images=())
     report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"docker": other}, 2: {"docker": empty}}))
-    assert row(report, 1, "image").status == "fail" and "cdcdcdcdcdcd here, abababababab on most ranks" in row(report, 1, "image").value
+    assert row(report, 1, "image") == check.Row(
+        "image", "fail", f"{IMAGE} cdcdcdcdcdcd: rank 1 has cdcdcdcdcdcd; ranks 0, 3 have abababababab",
+        "sparkstack ship (a rank is re-tagged only once its image ID matches)")
     assert row(report, 2, "image").value == f"{IMAGE} missing on rank 2 (spark3)"
     assert row(report, 2, "image").fix == "sparkstack ship"
     assert row(report, 0, "image").status == "pass"
@@ -383,8 +390,10 @@ def test_nccl_row_without_a_host_build(sandbox_config, fabric_facts):
                    "same on all ranks"),
     (nccl_lib(present=False), "fail", f"{NCCL_SO}: no such file"),
     (nccl_lib("2.28.9+cuda13.0"), "fail", f"{NCCL_SO} (/opt/nccl-2.30.7/lib/libnccl.so.2.30.7): NCCL "
-     "2.28.9+cuda13.0, 251,234,112 B on rank 2, but NCCL 2.30.7+cuda13.0, 251,234,112 B on ranks 0, 1, 3"),
-    (nccl_lib(size=250_000_000), "fail", "250,000,000 B on rank 2, but NCCL 2.30.7+cuda13.0, 251,234,112 B on ranks 0, 1, 3"),
+     "2.28.9+cuda13.0, 251,234,112 B: rank 2 has NCCL 2.28.9+cuda13.0, 251,234,112 B; ranks 0, 1, 3 have NCCL "
+     "2.30.7+cuda13.0, 251,234,112 B"),
+    (nccl_lib(size=250_000_000), "fail", "rank 2 has NCCL 2.30.7+cuda13.0, 250,000,000 B; ranks 0, 1, 3 have "
+     "NCCL 2.30.7+cuda13.0, 251,234,112 B"),
 ], ids=["same", "missing", "version", "another-build"])
 def test_nccl_row_with_a_host_build(sandbox_config, fabric_facts, odd, status, text):
     loaded = with_cluster(sandbox_config, nccl=sandbox_config.cluster.nccl.model_copy(update={"host_lib": NCCL_SO}))

@@ -186,6 +186,30 @@ def relief_sudo_check_command(user: str) -> str:
     return " && ".join(f"sudo -n -l {c} >/dev/null" for c in SUDO_COMMANDS)
 
 
+# -- the GPU clock ------------------------------------------------------------------------------
+# `nvidia-smi -lgc` lasts until a reboot or `-rgc`, and nvidia-smi has no query for it: whoever
+# sets it records the pair here (/run: gone at the reboot that ends the lock), for `check`. The
+# probe reads the same path (launcher/onrank/probe.py GPU_CLOCK_FILE).
+GPU_CLOCK_FILE = "/run/sparkstack/gpu-clock"
+GPU_CLOCK_UNIT = "sparkstack-gpu-clock.service"  # the Ansible role's oneshot (lock at boot)
+_NO_SMI = "command -v nvidia-smi >/dev/null || { echo 'nvidia-smi not found: no NVIDIA driver on this rank'; exit 1; }"
+
+
+def gpu_clock_command(low: int, high: int) -> str:
+    """Lock the GPU clock to LOW..HIGH MHz (as root) and record it."""
+    return (f"{_NO_SMI}; nvidia-smi -lgc {int(low)},{int(high)} && mkdir -p {GPU_CLOCK_FILE.rsplit('/', 1)[0]} "
+            f"&& echo {int(low)},{int(high)} > {GPU_CLOCK_FILE}")
+
+
+def gpu_clock_reset_command() -> str:
+    """Give the GPU clock back to the driver (as root) and forget the record."""
+    return f"{_NO_SMI}; nvidia-smi -rgc && rm -f {GPU_CLOCK_FILE}"
+
+
+def gpu_clock_range(cluster) -> tuple[int, int] | None:
+    return cluster.gpu_clock.range if cluster.gpu_clock else None
+
+
 # -- the checkpoint mount -----------------------------------------------------------------------
 def nfs_server_index(cluster) -> int | None:
     """The rank that is the NFS server (its name, address or a fabric IP is `model.nfs.server`),
