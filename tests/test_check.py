@@ -408,6 +408,121 @@ def test_nccl_row_with_a_host_build(sandbox_config, fabric_facts, odd, status, t
         assert row(report, 0, "nccl").status == "pass"
 
 
+# --- drift between ranks ------------------------------------------------------------------------
+
+def test_compare_names_the_odd_rank_or_lists_every_rank_without_a_majority():
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 2) == (True, "rank 2 has b; ranks 0, 1, 3 have a")
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 0) == (False, "same on ranks 0, 1, 3 (rank 2 differ)")
+    assert check.compare({0: "a", 1: "b"}, 0) == (True, "ranks differ: rank 0 a, rank 1 b")
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "b"}, 1) == (True, "ranks differ: rank 0 a, rank 1 a, rank 2 b, rank 3 b")
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "c"}, 3) == (True, "rank 3 has c; ranks 0, 1 have a")
+    assert check.compare({0: "a", 1: "a"}, 1) == (False, "same on all ranks")
+    assert check.compare({0: "a"}, 0) == (False, "")
+
+
+DRIVER_FIX = ("install the same NVIDIA driver on every rank (DGX OS: `sudo apt update && sudo apt full-upgrade` "
+              "on each, then reboot): ranks on different drivers do not form one TP group")
+
+
+def test_driver_drift_fails_the_odd_rank_naming_the_others_driver(sandbox_config, fabric_facts):
+    old = Driver("580.82.09", "13.0", "580.82.09")
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"driver": old}}))
+    assert row(report, 1, "driver") == check.Row(
+        "driver", "fail", "580.82.09 (CUDA 13.0): rank 1 has 580.82.09 (CUDA 13.0); ranks 0, 2, 3 have 580.95.05 (CUDA 13.0)",
+        DRIVER_FIX)
+    assert row(report, 0, "driver") == check.Row("driver", "pass", "580.95.05 (CUDA 13.0), same on ranks 0, 2, 3 (rank 1 differ)")
+    assert not report.ok
+
+
+def test_cuda_version_alone_drifting_in_a_tie_fails_every_rank_listing_each_value(sandbox_config, fabric_facts):
+    """Two ranks against two (as two ranks against each other): no side is the odd one."""
+    older = {"driver": Driver(DRIVER, "12.9", DRIVER)}
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: older, 3: older}))
+    for r in range(4):
+        got = row(report, r, "driver")
+        assert got.status == "fail", got
+        assert got.value.endswith("ranks differ: rank 0 580.95.05 (CUDA 13.0), rank 1 580.95.05 (CUDA 13.0), "
+                                  "rank 2 580.95.05 (CUDA 12.9), rank 3 580.95.05 (CUDA 12.9)"), got
+
+
+def test_driver_upgraded_without_a_reboot_fails_that_rank(sandbox_config, fabric_facts):
+    stale = Driver("580.95.05", "13.0", "580.82.09")
+    got = row(check.evaluate(inputs(sandbox_config, fabric_facts, {3: {"driver": stale}})), 3, "driver")
+    assert got == check.Row("driver", "fail", "the loaded kernel module is 580.82.09, its library 580.95.05 "
+                            "(Driver/library version mismatch)",
+                            "reboot this rank: the driver was upgraded and the old module is still loaded")
+
+
+def test_no_driver_is_not_measured_not_passed(sandbox_config, fabric_facts):
+    """A sandbox rank: no nvidia-smi. The driver, runtime and clock rows say so and warn."""
+    none = {"driver": None, "gpu_clocks": None, "gpu": None, "cdi_specs": (), "nvidia_ctk": None,
+            "problems": ("nvidia-smi: not installed",)}
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {r: none for r in range(4)}))
+    for name in ("driver", "nvidia runtime", "gpu clock"):
+        got = row(report, 2, name)
+        assert got.status == "warn" and "not measured: nvidia-smi: not installed" in got.value, got
+    assert report.ok
+
+
+def test_a_stale_cdi_spec_fails_that_rank_with_the_regenerate_fix(sandbox_config, fabric_facts):
+    stale = (CdiSpec("/etc/cdi/nvidia.yaml", "570.133.20"),)
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"cdi_specs": stale}}))
+    assert row(report, 2, "nvidia runtime") == check.Row(
+        "nvidia runtime", "fail", "stale CDI spec: /etc/cdi/nvidia.yaml names driver 570.133.20, the rank runs 580.95.05",
+        "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+    assert row(report, 0, "nvidia runtime").status == "pass"
+    assert not report.ok
+
+
+def test_container_toolkit_drift_warns(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {0: {"nvidia_ctk": "1.16.2"}}))
+    got = row(report, 0, "nvidia runtime")
+    assert got.status == "warn" and got.value.endswith(
+        "NVIDIA Container Toolkit rank 0 has 1.16.2; ranks 1, 2, 3 have 1.17.8"), got
+    assert row(report, 1, "nvidia runtime").status == "pass" and report.ok
+
+
+def test_kernel_or_page_size_drift_fails_the_odd_rank(sandbox_config, fabric_facts):
+    kernel = fabric_facts[0].kernel
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {3: {"page_size": 65536}}))
+    assert row(report, 3, "kernel").value == (f"{kernel}, 64 KiB pages: rank 3 has {kernel}, 64 KiB pages; "
+                                              f"ranks 0, 1, 2 have {kernel}, 4 KiB pages")
+    assert row(report, 3, "kernel").status == "fail" and "same kernel" in row(report, 3, "kernel").fix
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"kernel": "6.11.0-1016-nvidia"}}))
+    assert row(report, 1, "kernel").status == "fail" and f"ranks 0, 2, 3 have {kernel}, 4 KiB pages" in row(report, 1, "kernel").value
+    assert row(report, 2, "kernel").status == "pass"
+
+
+def with_fw(f: facts.Facts, fw: str | None) -> tuple:
+    return tuple(dataclasses.replace(d, fw_ver=fw) for d in f.rdma)
+
+
+def test_cx7_firmware_drift_fails_the_odd_rank(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"rdma": with_fw(fabric_facts[2], "28.39.1002")}}))
+    got = row(report, 2, "cx7 firmware")
+    assert got.status == "fail" and got.value == "fw 28.39.1002: rank 2 has 28.39.1002; ranks 0, 1, 3 have 28.45.1020"
+    assert "ConnectX-7 firmware" in got.fix
+    assert row(report, 0, "cx7 firmware") == check.Row("cx7 firmware", "pass", "fw 28.45.1020, same on ranks 0, 1, 3 (rank 2 differ)")
+    unread = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"rdma": with_fw(fabric_facts[1], None)}}))
+    assert row(unread, 1, "cx7 firmware").status == "warn" and "not measured" in row(unread, 1, "cx7 firmware").value
+
+
+def test_gpu_clock_asked_but_not_applied_fails_with_prep_as_the_fix(tmp_path, fabric_facts):
+    loaded = sandbox_cluster(tmp_path, gpu_clock={"max_mhz": 2400})
+    report = check.evaluate(inputs(loaded, fabric_facts, {1: {"gpu_clocks": GpuClocks(2405, 3003, (0, 2400))}}))
+    assert row(report, 1, "gpu clock") == check.Row("gpu clock", "pass", "locked 0,2400 MHz (gpu_clock); now 2405 of max 3003 MHz")
+    assert row(report, 0, "gpu clock").status == "fail"
+    assert row(report, 0, "gpu clock").value == "gpu_clock asks 0,2400 MHz, the rank has no lock recorded (now 208 of max 3003 MHz)"
+    assert row(report, 0, "gpu clock").fix.startswith("sparkstack prep")
+
+
+def test_gpu_clock_left_locked_after_the_setting_went_warns(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"gpu_clocks": GpuClocks(2000, 3003, (2000, 2000))}}))
+    assert row(report, 2, "gpu clock") == check.Row("gpu clock", "warn", "locked 2000,2000 MHz by an earlier prep, but "
+                                                    "gpu_clock is unset", "sparkstack prep resets it (nvidia-smi -rgc)")
+    assert row(report, 0, "gpu clock") == check.Row("gpu clock", "pass", "the driver's (no lock); now 208 of max 3003 MHz")
+
+
 def test_extras_invocation_and_parse():
     targets = [check.PingTarget(1, "192.168.177.2", "link", 8972), check.PingTarget(2, "192.168.177.6", "fabric", None)]
     command, stdin = check.extras_invocation(targets)

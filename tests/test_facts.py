@@ -36,6 +36,11 @@ PARSERS = {
     "nccl_lib": facts.parse_nccl_lib,
     "default_route": facts.parse_default_route,
     "ssh_connection": facts.parse_ssh_connection,
+    "driver": facts.parse_driver,
+    "gpu_clocks": facts.parse_gpu_clocks,
+    "cdi_specs": facts.parse_cdi_specs,
+    "nvidia_ctk": facts.parse_nvidia_ctk,
+    "page_size": facts.parse_page_size,
 }
 
 

@@ -737,7 +737,7 @@ def parse_cdi_specs(raw: dict | None) -> tuple[CdiSpec, ...]:
             continue
         if not isinstance(text, str):
             why = text.get("error") if isinstance(text, dict) else None
-            out.append(CdiSpec(path, None, f"{path}: unreadable ({why or text!r:.60})"))
+            out.append(CdiSpec(path, None, f"{path}: unreadable ({why if isinstance(why, str) else repr(text)[:60]})"))
             continue
         if "nvidia.com/" not in text or "cdiVersion" not in text:
             out.append(CdiSpec(path, None, f"{path}: not an NVIDIA CDI spec (no cdiVersion / kind nvidia.com/...)"))
