@@ -28,6 +28,7 @@ from click.testing import CliRunner
 
 from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
 from launcher.check import check, plan_inputs
+from launcher.sandbox import fabric_fixture as sfabric
 from launcher.inputs import config
 from launcher.facts import facts
 from launcher.transport import gather
@@ -631,11 +632,14 @@ def test_healthy_sandbox(sandbox, loaded):
         sandbox.run(name, "sudo sysctl -q -w vm.swappiness=1 vm.compaction_proactiveness=0")
     report = check.run(loaded, image=sandbox.images["vllm"])
     s = statuses(report)
-    for name in ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "free while serving", "swap",
-                 "sysctls", "link",
+    for name in ("ssh", "docker", "image", "gpu", "kernel", "memory", "vllm guard", "free while serving", "swap",
+                 "sysctls", "link", "cx7 firmware",
                  "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock"):
         assert s[name] == {"pass"}, (name, [row(report, r, name) for r in range(4)])
     assert s["ulimits"] == {"warn"} and s["roce"] == {"warn"}  # the twins are unaddressed
+    for name in ("driver", "nvidia runtime", "gpu clock"):  # no NVIDIA driver on a sandbox rank
+        assert s[name] == {"warn"} and "not measured: nvidia-smi: not installed" in row(report, 0, name).value
+    assert row(report, 0, "cx7 firmware").value == f"fw {sfabric.FW_VER}, same on all ranks"
     assert "(dockerd hard limit)" in row(report, 0, "ulimits").value
     for name in ("peers", "jumbo"):
         for r in range(4):
@@ -674,6 +678,53 @@ def test_a_cut_cable_fails_both_ends(sandbox, loaded):
     finally:
         assert cluster.mend_cables(sandbox.state_dir) == [0]
     assert row(check.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "pass"
+
+
+def test_cx7_firmware_drift_on_one_rank_is_named(sandbox, loaded):
+    """spark3's ConnectX-7 flashed to another firmware (its sysfs fixture's fw_ver): its row
+    fails naming it and the others' version; the other ranks pass; put back, all pass."""
+    from launcher.sandbox import cluster
+
+    hcas = cluster.paths(sandbox.state_dir)["ranks"] / "spark3" / "sysfs" / "class" / "infiniband"
+    files = sorted(hcas.glob("*/fw_ver"))
+    assert len(files) == 4
+    try:
+        for path in files:
+            path.write_text("28.39.1002\n")
+        report = check.run(loaded, image=sandbox.images["vllm"])
+        assert row(report, 2, "cx7 firmware") == check.Row(
+            "cx7 firmware", "fail", f"fw 28.39.1002: rank 2 has 28.39.1002; ranks 0, 1, 3 have {sfabric.FW_VER}",
+            "flash the same ConnectX-7 firmware on every rank (`sudo mlxfwmanager --online -u`, or the DGX OS "
+            "update that carries it), then reboot it")
+        assert [row(report, r, "cx7 firmware").status for r in range(4)] == ["pass", "pass", "fail", "pass"]
+        assert not report.ok
+    finally:
+        for path in files:
+            path.write_text(sfabric.FW_VER + "\n")
+    assert row(check.run(loaded, image=sandbox.images["vllm"]), 2, "cx7 firmware").status == "pass"
+
+
+def test_a_rank_serving_another_image_is_named(sandbox, loaded):
+    """spark4's tag points at another build (a label more: another image ID): its image row
+    fails naming it and the ID the other three have."""
+    tag = "sparkstack-test/check:drifted"
+    base = sandbox.images["vllm"]
+    try:
+        for name in sandbox.names[:3]:
+            assert sandbox.run(name, f"docker tag {base} {tag}")[0] == 0
+        rc, out = sandbox.run(sandbox.names[3], f"printf 'FROM {base}\\nLABEL sparkstack-test=drifted\\n' | "
+                                                f"docker build -q -t {tag} - 2>&1")[:2]
+        assert rc == 0, out
+        ids = {name: sandbox.run(name, f"docker image inspect -f '{{{{.Id}}}}' {tag}")[1].strip()
+               for name in sandbox.names}
+        report = check.run(loaded, image=tag)
+        mine, theirs = ids["spark4"].removeprefix("sha256:")[:12], ids["spark1"].removeprefix("sha256:")[:12]
+        assert mine != theirs
+        assert row(report, 3, "image").value == f"{tag} {mine}: rank 3 has {mine}; ranks 0, 1, 2 have {theirs}"
+        assert [row(report, r, "image").status for r in range(4)] == ["pass", "pass", "pass", "fail"]
+    finally:
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi {tag} >/dev/null 2>&1; true")
 
 
 def test_image_missing_on_one_rank_is_named(sandbox, loaded):
