@@ -5,7 +5,8 @@ Rows a HEALTHY sandbox honestly does not pass (asserted in test_healthy_sandbox)
   the sandbox test therefore checks a ref every rank has (the stand-in base image);
 - ulimits: warn -- the host's hard limits (nofile 20000, memlock 8 MiB) cap the ranks' dockerd,
   which has no CAP_SYS_RESOURCE, below the seeds' 1048576 / unlimited;
-- roce: warn -- the sandbox leaves each QSFP port's twin unaddressed, so NCCL_IB_HCA leaves it out.
+- roce: warn -- the sandbox leaves each QSFP port's twin unaddressed, so NCCL_IB_HCA leaves it out;
+- driver, nvidia runtime, gpu clock: warn, "not measured" -- a sandbox rank has no NVIDIA driver.
 The ring's cables are real (veth pairs, MTU 9000, launcher/sandbox/links.py): peers and jumbo
 pass when every ring link answers both ways; the ranks beyond the neighbours are not pinged.
 """

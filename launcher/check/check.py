@@ -9,7 +9,11 @@ fabric pings and dockerd's capabilities) and calls it.
 Rows a healthy sandbox shows as non-pass, honestly (tests/test_check.py documents them):
 image (until the profile's chain is built and shipped), ulimits (warn: the host's hard limits
 cap the ranks at nofile 20000 / memlock 8 MiB), roce (warn: the sandbox leaves each port's twin
-unaddressed, so NCCL_IB_HCA leaves it out).
+unaddressed, so NCCL_IB_HCA leaves it out), driver, nvidia runtime and gpu clock (warn, "not
+measured": a sandbox rank has no NVIDIA driver).
+
+Drift between ranks (driver, kernel, cx7 firmware, image, nccl): `compare` fails the rank whose
+value differs from the majority's, naming the others' value; with no majority, every rank.
 
 A ring is judged as a whole: TP across it needs every link, so a link (rank r to rank r+1, in
 the config's order, which must be the cable order) that does not answer both ways, at 9000 B
