@@ -336,3 +336,23 @@ def test_bind_mount_on_the_nfs_servers_own_rank(sandbox, tmp_path):
             assert not next(s for s in again if s.name.startswith("mount")).needed
     finally:
         sandbox.run("spark1", f"sudo umount {path} 2>/dev/null; sudo rm -rf {path} {export}")
+
+
+def test_gpu_clock_on_ranks_without_a_driver_fails_each_rank_with_the_cause(sandbox, tmp_path):
+    """gpu_clock asked of the sandbox's ranks, which have no NVIDIA driver: `prep` fails every
+    rank naming the cause (nvidia-smi not there), changes nothing else, and `check`'s gpu clock
+    row fails: the lock is not applied."""
+    from launcher.check import check
+
+    doc = yaml.safe_load(Path(sandbox.config).read_text())
+    doc["gpu_clock"] = {"lock_mhz": 2000}
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["prep", "-c", str(cfg), "--no-drop", "--json"])
+    assert result.exit_code == 1, result.output
+    ranks = json.loads(result.output)["ranks"]
+    assert [r["failed"] for r in ranks] == [["gpu clock 2000,2000 MHz: nvidia-smi not found: no NVIDIA "
+                                             "driver on this rank"]] * 4
+    report = check.run(config.load(cfg), image=sandbox.images["vllm"])
+    got = next(c for c in report.ranks[1].checks if c.name == "gpu clock")
+    assert (got.status, got.value) == ("fail", "gpu_clock asks 2000,2000 MHz, the rank has no lock recorded")
