@@ -350,7 +350,9 @@ def test_gpu_clock_on_ranks_without_a_driver_fails_each_rank_with_the_cause(sand
     cfg.write_text(yaml.safe_dump(doc))
     result = CliRunner().invoke(main, ["prep", "-c", str(cfg), "--no-drop", "--json"])
     assert result.exit_code == 1, result.output
-    ranks = json.loads(result.output)["ranks"]
+    doc, end = json.JSONDecoder().raw_decode(result.output)
+    assert "error: prep failed on rank 0, rank 1, rank 2, rank 3" in result.output[end:]
+    ranks = doc["ranks"]
     assert [r["failed"] for r in ranks] == [["gpu clock 2000,2000 MHz: nvidia-smi not found: no NVIDIA "
                                              "driver on this rank"]] * 4
     report = check.run(config.load(cfg), image=sandbox.images["vllm"])
