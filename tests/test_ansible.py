@@ -59,6 +59,9 @@ FIRST_RUN = {
     "The checkpoint is in /etc/fstab": "changed",
     "Is the checkpoint mounted?": "skipping",
     "Mount the checkpoint now": "skipping",
+    "GPU clock lock at every boot": "skipping",   # no gpu_clock in the sandbox's config
+    "GPU clock unit runs at boot and now": "skipping",
+    "No GPU clock unit without gpu_clock": "ok",    # there is none to remove
     "Earlyoom is installed": "skipping",
     "Earlyoom prefers the engine and spares sshd and dockerd": "changed",
     "Earlyoom runs from boot": "skipping",
@@ -102,7 +105,8 @@ def _run(sandbox, name: str, command: str) -> str:  # noqa: F811
 
 def _clean(sandbox, name: str) -> None:  # noqa: F811
     files = [node_settings.SYSCTL_FILE, node_settings.LIMITS_FILE, node_settings.SUDOERS_FILE,
-             node_settings.EARLYOOM_DEFAULTS_FILE]  # the sandbox ranks have no earlyoom of their own
+             node_settings.EARLYOOM_DEFAULTS_FILE,  # the sandbox ranks have no earlyoom of their own
+             f"/etc/systemd/system/{node_settings.GPU_CLOCK_UNIT}"]
     _run(sandbox, name, shlex.join(["sudo", "-n", "python3", "-c", CLEAN, _model_path(sandbox), *files]))
 
 
@@ -324,3 +328,25 @@ def test_a_rank_that_is_down_does_not_stop_the_others(sandbox, play, first_run, 
     for name in ranks:
         assert (recap[name]["unreachable"], recap[name]["failed"]) == (0, 0), output[-3000:]
         assert recap[name]["ok"] > recap["spark-down"]["ok"]
+
+
+def test_gpu_clock_unit_is_installed_and_removed(sandbox, play, first_run, ranks, cluster_file):  # noqa: F811
+    """gpu_clock set: every rank gets the oneshot unit (node_settings' bytes; not started in the
+    sandbox, whose ranks have no systemd nor driver); unset again: the unit is removed."""
+    capped = config.load(cluster_file).cluster.model_copy(update={"gpu_clock": config.GpuClockSettings(max_mhz=2400)})
+    command = inventory.group_vars(capped)["spark_node_gpu_clock_command"]
+    unit = f"/etc/systemd/system/{node_settings.GPU_CLOCK_UNIT}"
+    try:
+        rc, output, recap, _ = play("gpu clock", "-e", json.dumps({"spark_node_gpu_clock_command": command}))
+        assert rc == 0, output[-3000:]
+        for name in ranks:
+            assert task_statuses(output)[name]["GPU clock lock at every boot"] == "changed"
+            assert task_statuses(output)[name]["GPU clock unit runs at boot and now"] == "skipping"
+            assert _run(sandbox, name, f"stat -c '%a %U:%G' {unit}").strip() == "644 root:root"
+            assert _run(sandbox, name, f"cat {unit}") == node_settings.gpu_clock_unit(0, 2400)
+    finally:
+        rc, output, recap, _ = play("without gpu clock")
+    assert rc == 0, output[-3000:]
+    for name in ranks:
+        assert task_statuses(output)[name]["No GPU clock unit without gpu_clock"] == "changed"
+        assert sandbox.run(name, f"test -e {unit}")[0] == 1

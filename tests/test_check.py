@@ -5,7 +5,8 @@ Rows a HEALTHY sandbox honestly does not pass (asserted in test_healthy_sandbox)
   the sandbox test therefore checks a ref every rank has (the stand-in base image);
 - ulimits: warn -- the host's hard limits (nofile 20000, memlock 8 MiB) cap the ranks' dockerd,
   which has no CAP_SYS_RESOURCE, below the seeds' 1048576 / unlimited;
-- roce: warn -- the sandbox leaves each QSFP port's twin unaddressed, so NCCL_IB_HCA leaves it out.
+- roce: warn -- the sandbox leaves each QSFP port's twin unaddressed, so NCCL_IB_HCA leaves it out;
+- driver, nvidia runtime, gpu clock: warn, "not measured" -- a sandbox rank has no NVIDIA driver.
 The ring's cables are real (veth pairs, MTU 9000, launcher/sandbox/links.py): peers and jumbo
 pass when every ring link answers both ways; the ranks beyond the neighbours are not pinged.
 """
@@ -27,15 +28,18 @@ from click.testing import CliRunner
 
 from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
 from launcher.check import check, plan_inputs
+from launcher.sandbox import fabric_fixture as sfabric
 from launcher.inputs import config
 from launcher.facts import facts
 from launcher.transport import gather
 from launcher.cli.commands import main
-from launcher.facts.facts import Checkpoint, Clock, Docker, DockerUlimits, Gid, Image, Limit, Memory, NcclLib, Ulimits
+from launcher.facts.facts import (CdiSpec, Checkpoint, Clock, Docker, DockerUlimits, Driver, Gid, Gpu, GpuClocks, Image,
+                                  Limit, Memory, NcclLib, Ulimits)
 
 GIB = 1 << 30
 IMAGE = "sparkstack/keys:0123456789abcdef"
 IMAGE_ID = "sha256:" + "ab" * 32
+DRIVER = "580.95.05"
 
 
 # --- fixture facts: the sandbox's sysfs through the real probe, the rest set here ---------------
@@ -96,7 +100,9 @@ def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:
                       (Image(IMAGE_ID, (IMAGE,), {}, 20 * GIB),)),
         checkpoint=Checkpoint("/models/glm53-sandbox", "c" * 64, "i" * 64, (("a.safetensors", 10),),
                               "f" * 64, 10),
-        gpu=None, clock=Clock(1000.0, 1000.1, 1000.0, 1000.1), problems=("nvidia-smi: not installed",))
+        gpu=Gpu("NVIDIA GB10", DRIVER, None), clock=Clock(1000.0, 1000.1, 1000.0, 1000.1), problems=(),
+        driver=Driver(DRIVER, "13.0", DRIVER), gpu_clocks=GpuClocks(208, 3003), nvidia_ctk="1.17.8",
+        cdi_specs=(CdiSpec("/etc/cdi/nvidia.yaml", DRIVER),))
     base.update(changes)
     return dataclasses.replace(f, **base)
 
@@ -148,7 +154,8 @@ def test_healthy_facts_pass_every_row(sandbox_config, fabric_facts):
 
 def test_gpu_required_but_missing_fails_with_the_fix(sandbox_config, fabric_facts):
     loaded = with_container(sandbox_config, gpus="all")
-    report = check.evaluate(inputs(loaded, fabric_facts))
+    no_gpu = {"gpu": None, "driver": None, "gpu_clocks": None, "problems": ("nvidia-smi: not installed",)}
+    report = check.evaluate(inputs(loaded, fabric_facts, {2: no_gpu}))
     gpu = row(report, 2, "gpu")
     assert gpu.status == "fail" and "nvidia-smi: not installed" in gpu.value and "driver" in gpu.fix
     assert not report.ok
@@ -231,7 +238,9 @@ def test_image_missing_or_different_fails_naming_the_rank(sandbox_config, fabric
                    (Image("sha256:" + "cd" * 32, (IMAGE,), {}, 1),))
     empty = dataclasses.replace(other, images=())
     report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"docker": other}, 2: {"docker": empty}}))
-    assert row(report, 1, "image").status == "fail" and "cdcdcdcdcdcd here, abababababab on most ranks" in row(report, 1, "image").value
+    assert row(report, 1, "image") == check.Row(
+        "image", "fail", f"{IMAGE} cdcdcdcdcdcd: rank 1 has cdcdcdcdcdcd; ranks 0, 3 have abababababab",
+        "sparkstack ship (a rank is re-tagged only once its image ID matches)")
     assert row(report, 2, "image").value == f"{IMAGE} missing on rank 2 (spark3)"
     assert row(report, 2, "image").fix == "sparkstack ship"
     assert row(report, 0, "image").status == "pass"
@@ -382,8 +391,10 @@ def test_nccl_row_without_a_host_build(sandbox_config, fabric_facts):
                    "same on all ranks"),
     (nccl_lib(present=False), "fail", f"{NCCL_SO}: no such file"),
     (nccl_lib("2.28.9+cuda13.0"), "fail", f"{NCCL_SO} (/opt/nccl-2.30.7/lib/libnccl.so.2.30.7): NCCL "
-     "2.28.9+cuda13.0, 251,234,112 B on rank 2, but NCCL 2.30.7+cuda13.0, 251,234,112 B on ranks 0, 1, 3"),
-    (nccl_lib(size=250_000_000), "fail", "250,000,000 B on rank 2, but NCCL 2.30.7+cuda13.0, 251,234,112 B on ranks 0, 1, 3"),
+     "2.28.9+cuda13.0, 251,234,112 B: rank 2 has NCCL 2.28.9+cuda13.0, 251,234,112 B; ranks 0, 1, 3 have NCCL "
+     "2.30.7+cuda13.0, 251,234,112 B"),
+    (nccl_lib(size=250_000_000), "fail", "rank 2 has NCCL 2.30.7+cuda13.0, 250,000,000 B; ranks 0, 1, 3 have "
+     "NCCL 2.30.7+cuda13.0, 251,234,112 B"),
 ], ids=["same", "missing", "version", "another-build"])
 def test_nccl_row_with_a_host_build(sandbox_config, fabric_facts, odd, status, text):
     loaded = with_cluster(sandbox_config, nccl=sandbox_config.cluster.nccl.model_copy(update={"host_lib": NCCL_SO}))
@@ -396,6 +407,121 @@ def test_nccl_row_with_a_host_build(sandbox_config, fabric_facts, odd, status, t
     if status == "fail":
         assert NCCL_SO in got.fix and not report.ok
         assert row(report, 0, "nccl").status == "pass"
+
+
+# --- drift between ranks ------------------------------------------------------------------------
+
+def test_compare_names_the_odd_rank_or_lists_every_rank_without_a_majority():
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 2) == (True, "rank 2 has b; ranks 0, 1, 3 have a")
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 0) == (False, "same on ranks 0, 1, 3 (rank 2 differ)")
+    assert check.compare({0: "a", 1: "b"}, 0) == (True, "ranks differ: rank 0 a, rank 1 b")
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "b"}, 1) == (True, "ranks differ: rank 0 a, rank 1 a, rank 2 b, rank 3 b")
+    assert check.compare({0: "a", 1: "a", 2: "b", 3: "c"}, 3) == (True, "rank 3 has c; ranks 0, 1 have a")
+    assert check.compare({0: "a", 1: "a"}, 1) == (False, "same on all ranks")
+    assert check.compare({0: "a"}, 0) == (False, "")
+
+
+DRIVER_FIX = ("install the same NVIDIA driver on every rank (DGX OS: `sudo apt update && sudo apt full-upgrade` "
+              "on each, then reboot): ranks on different drivers do not form one TP group")
+
+
+def test_driver_drift_fails_the_odd_rank_naming_the_others_driver(sandbox_config, fabric_facts):
+    old = Driver("580.82.09", "13.0", "580.82.09")
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"driver": old}}))
+    assert row(report, 1, "driver") == check.Row(
+        "driver", "fail", "580.82.09 (CUDA 13.0): rank 1 has 580.82.09 (CUDA 13.0); ranks 0, 2, 3 have 580.95.05 (CUDA 13.0)",
+        DRIVER_FIX)
+    assert row(report, 0, "driver") == check.Row("driver", "pass", "580.95.05 (CUDA 13.0), same on ranks 0, 2, 3 (rank 1 differ)")
+    assert not report.ok
+
+
+def test_cuda_version_alone_drifting_in_a_tie_fails_every_rank_listing_each_value(sandbox_config, fabric_facts):
+    """Two ranks against two (as two ranks against each other): no side is the odd one."""
+    older = {"driver": Driver(DRIVER, "12.9", DRIVER)}
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: older, 3: older}))
+    for r in range(4):
+        got = row(report, r, "driver")
+        assert got.status == "fail", got
+        assert got.value.endswith("ranks differ: rank 0 580.95.05 (CUDA 13.0), rank 1 580.95.05 (CUDA 13.0), "
+                                  "rank 2 580.95.05 (CUDA 12.9), rank 3 580.95.05 (CUDA 12.9)"), got
+
+
+def test_driver_upgraded_without_a_reboot_fails_that_rank(sandbox_config, fabric_facts):
+    stale = Driver("580.95.05", "13.0", "580.82.09")
+    got = row(check.evaluate(inputs(sandbox_config, fabric_facts, {3: {"driver": stale}})), 3, "driver")
+    assert got == check.Row("driver", "fail", "the loaded kernel module is 580.82.09, its library 580.95.05 "
+                            "(Driver/library version mismatch)",
+                            "reboot this rank: the driver was upgraded and the old module is still loaded")
+
+
+def test_no_driver_is_not_measured_not_passed(sandbox_config, fabric_facts):
+    """A sandbox rank: no nvidia-smi. The driver, runtime and clock rows say so and warn."""
+    none = {"driver": None, "gpu_clocks": None, "gpu": None, "cdi_specs": (), "nvidia_ctk": None,
+            "problems": ("nvidia-smi: not installed",)}
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {r: none for r in range(4)}))
+    for name in ("driver", "nvidia runtime", "gpu clock"):
+        got = row(report, 2, name)
+        assert got.status == "warn" and "not measured: nvidia-smi: not installed" in got.value, got
+    assert report.ok
+
+
+def test_a_stale_cdi_spec_fails_that_rank_with_the_regenerate_fix(sandbox_config, fabric_facts):
+    stale = (CdiSpec("/etc/cdi/nvidia.yaml", "570.133.20"),)
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"cdi_specs": stale}}))
+    assert row(report, 2, "nvidia runtime") == check.Row(
+        "nvidia runtime", "fail", "stale CDI spec: /etc/cdi/nvidia.yaml names driver 570.133.20, the rank runs 580.95.05",
+        "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+    assert row(report, 0, "nvidia runtime").status == "pass"
+    assert not report.ok
+
+
+def test_container_toolkit_drift_warns(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {0: {"nvidia_ctk": "1.16.2"}}))
+    got = row(report, 0, "nvidia runtime")
+    assert got.status == "warn" and got.value.endswith(
+        "NVIDIA Container Toolkit rank 0 has 1.16.2; ranks 1, 2, 3 have 1.17.8"), got
+    assert row(report, 1, "nvidia runtime").status == "pass" and report.ok
+
+
+def test_kernel_or_page_size_drift_fails_the_odd_rank(sandbox_config, fabric_facts):
+    kernel = fabric_facts[0].kernel
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {3: {"page_size": 65536}}))
+    assert row(report, 3, "kernel").value == (f"{kernel}, 64 KiB pages: rank 3 has {kernel}, 64 KiB pages; "
+                                              f"ranks 0, 1, 2 have {kernel}, 4 KiB pages")
+    assert row(report, 3, "kernel").status == "fail" and "same kernel" in row(report, 3, "kernel").fix
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"kernel": "6.11.0-1016-nvidia"}}))
+    assert row(report, 1, "kernel").status == "fail" and f"ranks 0, 2, 3 have {kernel}, 4 KiB pages" in row(report, 1, "kernel").value
+    assert row(report, 2, "kernel").status == "pass"
+
+
+def with_fw(f: facts.Facts, fw: str | None) -> tuple:
+    return tuple(dataclasses.replace(d, fw_ver=fw) for d in f.rdma)
+
+
+def test_cx7_firmware_drift_fails_the_odd_rank(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"rdma": with_fw(fabric_facts[2], "28.39.1002")}}))
+    got = row(report, 2, "cx7 firmware")
+    assert got.status == "fail" and got.value == "fw 28.39.1002: rank 2 has 28.39.1002; ranks 0, 1, 3 have 28.45.1020"
+    assert "ConnectX-7 firmware" in got.fix
+    assert row(report, 0, "cx7 firmware") == check.Row("cx7 firmware", "pass", "fw 28.45.1020, same on ranks 0, 1, 3 (rank 2 differ)")
+    unread = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"rdma": with_fw(fabric_facts[1], None)}}))
+    assert row(unread, 1, "cx7 firmware").status == "warn" and "not measured" in row(unread, 1, "cx7 firmware").value
+
+
+def test_gpu_clock_asked_but_not_applied_fails_with_prep_as_the_fix(tmp_path, fabric_facts):
+    loaded = sandbox_cluster(tmp_path, gpu_clock={"max_mhz": 2400})
+    report = check.evaluate(inputs(loaded, fabric_facts, {1: {"gpu_clocks": GpuClocks(2405, 3003, (0, 2400))}}))
+    assert row(report, 1, "gpu clock") == check.Row("gpu clock", "pass", "locked 0,2400 MHz (gpu_clock); now 2405 of max 3003 MHz")
+    assert row(report, 0, "gpu clock").status == "fail"
+    assert row(report, 0, "gpu clock").value == "gpu_clock asks 0,2400 MHz, the rank has no lock recorded (now 208 of max 3003 MHz)"
+    assert row(report, 0, "gpu clock").fix.startswith("sparkstack prep")
+
+
+def test_gpu_clock_left_locked_after_the_setting_went_warns(sandbox_config, fabric_facts):
+    report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"gpu_clocks": GpuClocks(2000, 3003, (2000, 2000))}}))
+    assert row(report, 2, "gpu clock") == check.Row("gpu clock", "warn", "locked 2000,2000 MHz by an earlier prep, but "
+                                                    "gpu_clock is unset", "sparkstack prep resets it (nvidia-smi -rgc)")
+    assert row(report, 0, "gpu clock") == check.Row("gpu clock", "pass", "the driver's (no lock); now 208 of max 3003 MHz")
 
 
 def test_extras_invocation_and_parse():
@@ -506,11 +632,14 @@ def test_healthy_sandbox(sandbox, loaded):
         sandbox.run(name, "sudo sysctl -q -w vm.swappiness=1 vm.compaction_proactiveness=0")
     report = check.run(loaded, image=sandbox.images["vllm"])
     s = statuses(report)
-    for name in ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "free while serving", "swap",
-                 "sysctls", "link",
+    for name in ("ssh", "docker", "image", "gpu", "kernel", "memory", "vllm guard", "free while serving", "swap",
+                 "sysctls", "link", "cx7 firmware",
                  "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock"):
         assert s[name] == {"pass"}, (name, [row(report, r, name) for r in range(4)])
     assert s["ulimits"] == {"warn"} and s["roce"] == {"warn"}  # the twins are unaddressed
+    for name in ("driver", "nvidia runtime", "gpu clock"):  # no NVIDIA driver on a sandbox rank
+        assert s[name] == {"warn"} and "not measured: nvidia-smi: not installed" in row(report, 0, name).value
+    assert row(report, 0, "cx7 firmware").value == f"fw {sfabric.FW_VER}, same on all ranks"
     assert "(dockerd hard limit)" in row(report, 0, "ulimits").value
     for name in ("peers", "jumbo"):
         for r in range(4):
@@ -549,6 +678,53 @@ def test_a_cut_cable_fails_both_ends(sandbox, loaded):
     finally:
         assert cluster.mend_cables(sandbox.state_dir) == [0]
     assert row(check.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "pass"
+
+
+def test_cx7_firmware_drift_on_one_rank_is_named(sandbox, loaded):
+    """spark3's ConnectX-7 flashed to another firmware (its sysfs fixture's fw_ver): its row
+    fails naming it and the others' version; the other ranks pass; put back, all pass."""
+    from launcher.sandbox import cluster
+
+    hcas = cluster.paths(sandbox.state_dir)["ranks"] / "spark3" / "sysfs" / "class" / "infiniband"
+    files = sorted(hcas.glob("*/fw_ver"))
+    assert len(files) == 4
+    try:
+        for path in files:
+            path.write_text("28.39.1002\n")
+        report = check.run(loaded, image=sandbox.images["vllm"])
+        assert row(report, 2, "cx7 firmware") == check.Row(
+            "cx7 firmware", "fail", f"fw 28.39.1002: rank 2 has 28.39.1002; ranks 0, 1, 3 have {sfabric.FW_VER}",
+            "flash the same ConnectX-7 firmware on every rank (`sudo mlxfwmanager --online -u`, or the DGX OS "
+            "update that carries it), then reboot it")
+        assert [row(report, r, "cx7 firmware").status for r in range(4)] == ["pass", "pass", "fail", "pass"]
+        assert not report.ok
+    finally:
+        for path in files:
+            path.write_text(sfabric.FW_VER + "\n")
+    assert row(check.run(loaded, image=sandbox.images["vllm"]), 2, "cx7 firmware").status == "pass"
+
+
+def test_a_rank_serving_another_image_is_named(sandbox, loaded):
+    """spark4's tag points at another build (a label more: another image ID): its image row
+    fails naming it and the ID the other three have."""
+    tag = "sparkstack-test/check:drifted"
+    base = sandbox.images["vllm"]
+    try:
+        for name in sandbox.names[:3]:
+            assert sandbox.run(name, f"docker tag {base} {tag}")[0] == 0
+        rc, out = sandbox.run(sandbox.names[3], f"printf 'FROM {base}\\nLABEL sparkstack-test=drifted\\n' | "
+                                                f"docker build -q -t {tag} - 2>&1")[:2]
+        assert rc == 0, out
+        ids = {name: sandbox.run(name, f"docker image inspect -f '{{{{.Id}}}}' {tag}")[1].strip()
+               for name in sandbox.names}
+        report = check.run(loaded, image=tag)
+        mine, theirs = ids["spark4"].removeprefix("sha256:")[:12], ids["spark1"].removeprefix("sha256:")[:12]
+        assert mine != theirs
+        assert row(report, 3, "image").value == f"{tag} {mine}: rank 3 has {mine}; ranks 0, 1, 2 have {theirs}"
+        assert [row(report, r, "image").status for r in range(4)] == ["pass", "pass", "pass", "fail"]
+    finally:
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi {tag} >/dev/null 2>&1; true")
 
 
 def test_image_missing_on_one_rank_is_named(sandbox, loaded):

@@ -138,6 +138,30 @@ def test_gpu_row_with_a_gpu_there_or_its_driver_not_loaded(monkeypatch, sandbox_
              "toolkit (DGX OS ships them); `nvidia-smi` must list the GB10")
 
 
+# --- drift: the driver after an upgrade on one rank, and its stale CDI spec -------------------
+
+def test_a_driver_upgrade_on_one_rank_fails_its_driver_and_cdi_rows(monkeypatch, sandbox_config, fabric_facts,
+                                                                    probe_raw):
+    """spark3 got driver 455.45.01's successor by itself: its nvidia-smi header (the real
+    `nvidia-smi -q -d CLOCK` case) names another driver than the other ranks', and the CDI spec
+    nvidia-ctk generated before (the real spec of the cdi_specs_generated case, for 570.133.20)
+    is stale. The table fails spark3 in both rows; the lines name it, the others' driver and the fix."""
+    smi = case("driver_nvidia_smi_q_clock")["nvidia_smi_clocks"]
+    spec = case("cdi_specs_generated")["raw"]
+    f = probed(probe_raw, commands={"nvidia_smi_clocks": smi}, cdi_specs=spec)
+    assert (f.driver.version, f.driver.cuda) == ("455.45.01", "11.1")
+    inp = inputs(sandbox_config, fabric_facts, {2: {"driver": f.driver, "cdi_specs": f.cdi_specs,
+                                                    "gpu_clocks": f.gpu_clocks}})
+    result = cli_check(monkeypatch, inp)
+    assert result.exit_code == 1
+    assert table_cells(result, "driver") == ["pass", "pass", "FAIL", "pass"]
+    said(result, "FAIL", 2, "spark3", "driver", "455.45.01 (CUDA 11.1): rank 2 has 455.45.01 (CUDA 11.1); "
+         "ranks 0, 1, 3 have 580.95.05 (CUDA 13.0)", None)
+    said(result, "FAIL", 2, "spark3", "nvidia runtime", "stale CDI spec: /etc/cdi/nvidia.yaml names driver "
+         "570.133.20, the rank runs 455.45.01", "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+    assert row(check.evaluate(inp), 2, "gpu clock").value == "the driver's (no lock); now 139 of max 1911 MHz"
+
+
 # --- swap, sysctls --------------------------------------------------------------------------
 
 def gb10_meminfo(swap_total_kb: int, swap_free_kb: int) -> facts.Memory:

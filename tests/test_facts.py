@@ -36,6 +36,11 @@ PARSERS = {
     "nccl_lib": facts.parse_nccl_lib,
     "default_route": facts.parse_default_route,
     "ssh_connection": facts.parse_ssh_connection,
+    "driver": facts.parse_driver,
+    "gpu_clocks": facts.parse_gpu_clocks,
+    "cdi_specs": facts.parse_cdi_specs,
+    "nvidia_ctk": facts.parse_nvidia_ctk,
+    "page_size": facts.parse_page_size,
 }
 
 
@@ -305,3 +310,28 @@ def test_probe_reports_where_its_ssh_session_arrived(tmp_path):
     raw = run_probe(facts.probe_args(str(tmp_path / "sysfs")), env={"SSH_CONNECTION": "10.0.0.2 51234 10.0.0.13 22"})
     assert facts.parse_facts(raw).ssh_address == "10.0.0.13"
     assert raw["route"] is None or raw["route"].startswith("Iface")
+
+
+def test_probe_reads_the_drift_sources(tmp_path):
+    """The probe on a sandbox rank's fixture tree: each HCA's fw_ver, the page size; a CDI spec at
+    a given path (the real nvidia-ctk output of tests/facts_cases) read and parsed; no driver here."""
+    from launcher.sandbox import fabric_fixture as sfabric
+
+    sfabric.write_tree(tmp_path / "sysfs", sfabric.sysfs_tree(1))
+    spec = json.loads((Path(__file__).parent / "facts_cases" / "cdi_specs_generated.json").read_text())
+    (tmp_path / "nvidia.yaml").write_text(spec["raw"]["raw"]["/etc/cdi/nvidia.yaml"])
+    args = dict(facts.probe_args(str(tmp_path / "sysfs")), cdi_specs=[str(tmp_path / "nvidia.yaml"), str(tmp_path / "none.yaml")])
+    (tmp_path / "ip-addr.json").write_text("[]")
+    f = facts.parse_facts(run_probe(args))
+    assert f.fw_versions == (sfabric.FW_VER,) and all(d.fw_ver == sfabric.FW_VER for d in f.rdma)
+    assert f.page_size == os.sysconf("SC_PAGE_SIZE")
+    assert f.cdi_specs == (facts.CdiSpec(str(tmp_path / "nvidia.yaml"), "570.133.20"),)
+    if shutil.which("nvidia-smi") is None:
+        assert f.driver is None and f.gpu_clocks is None
+
+
+def test_the_probe_reads_the_gpu_clock_record_where_prep_writes_it():
+    from launcher.inputs import node_settings
+    from launcher.onrank import probe
+
+    assert probe.GPU_CLOCK_FILE == node_settings.GPU_CLOCK_FILE

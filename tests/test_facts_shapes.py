@@ -43,6 +43,12 @@ PARTS = {
     "nccl_lib_host_build": {"raw": ("nccl_lib",)},
     "default_route_two_defaults": {"text": ("route",)},
     "ssh_connection": {"text": ("ssh_connection",)},
+    "driver_legacy_module_line": {"nvidia_smi_clocks": ("commands", "nvidia_smi_clocks"),
+                                  "proc_version": ("nvidia_driver_proc",)},
+    "gpu_clocks_locked": {"lock_file": ("gpu_clock_file",)},
+    "cdi_specs_generated": {"raw": ("cdi_specs",)},
+    "nvidia_ctk_version": {"result": ("commands", "nvidia_ctk")},
+    "page_size_64k": {"raw": ("page_size",)},
 }
 DOCKER_API = {"api": ("docker_api",)}  # docker_api_images_with_labels: the socket instead of the CLI
 
@@ -73,7 +79,8 @@ WRONG = [None, 7, "x", [], {"x": 1}, float("inf"), True]  # null, and each for a
 
 # objects keyed by data (interface, HCA, GID slot, sysctl, path, label names): the first two stand
 # for the rest
-MAPS = {"sysfs_net", "sysfs_infiniband", "ports", "gids", "gid_types", "gid_ndevs", "sysctls", "disk", "Labels"}
+MAPS = {"sysfs_net", "sysfs_infiniband", "ports", "gids", "gid_types", "gid_ndevs", "sysctls", "disk", "Labels",
+        "cdi_specs"}
 
 
 def embedded(text: str):

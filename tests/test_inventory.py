@@ -321,3 +321,17 @@ def test_earlyoom_prefers_the_engine_and_spares_the_way_in(write_config):
         for rank in json.loads(result.output)["ranks"]:
             run = rank["docker_run"]
             assert run[run.index("--oom-score-adj") + 1] == str(planning.OOM_SCORE_ADJ) == "1000"
+
+
+@pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-core is not installed")
+@pytest.mark.parametrize("fmt", inventory.FORMATS)
+def test_gpu_clock_reaches_the_role_as_prep_runs_it(load_example, tmp_path, fmt):
+    """gpu_clock: the role's unit gets exactly prep's command (node_settings), read back by Ansible."""
+    cluster = load_example(edit=lambda d: d.update(gpu_clock={"max_mhz": 2400, "min_mhz": 600}))
+    path = tmp_path / f"inventory.{'yml' if fmt == 'yaml' else 'ini'}"
+    path.write_text(inventory.render(cluster, fmt))
+    listed = json.loads(subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(path), "--list"],
+                                       capture_output=True, text=True, check=True).stdout)
+    got = _unwrap(next(iter(listed["_meta"]["hostvars"].values())), [])["spark_node_gpu_clock_command"]
+    assert got == node_settings.gpu_clock_command(600, 2400)
+    assert "nvidia-smi -lgc 600,2400" in got and node_settings.GPU_CLOCK_FILE in got

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import threading
 import time
@@ -21,7 +22,7 @@ from launcher.inputs import config, node_settings
 from launcher.transport import gather
 from launcher.apply import prep
 from launcher.cli.commands import main
-from launcher.facts.facts import Memory, Mount
+from launcher.facts.facts import GpuClocks, Memory, Mount
 from launcher.sandbox import meminfo
 
 GIB = 1 << 30
@@ -98,6 +99,51 @@ def test_swap_off_when_the_profile_or_config_says_no_swap(write_config, spark_fa
     allowed = config.load(write_config(lambda d: d.update(profile="keys35-200k") or
                                        d["overrides"].update(no_swap=False)))
     assert prep.swap_step(allowed, swapped) is None
+
+
+def test_gpu_clock_lock_is_a_root_step_until_recorded_and_reset_once_unset(write_config, spark_facts):
+    """gpu_clock: `nvidia-smi -lgc MIN,MAX`, recorded where check reads it; a rank that records
+    the same lock has nothing to do; without gpu_clock a recorded lock is reset (-rgc)."""
+    capped = config.load(write_config(lambda d: d.update(gpu_clock={"max_mhz": 2400})))
+    steps = prep.plan_rank(capped, 1, spark_facts)
+    assert [s.name for s in steps][-2:] == ["gpu clock 0,2400 MHz", "drop caches"]
+    lock = steps[-2]
+    assert lock.needed and lock.root and lock.detail == "no lock recorded"
+    assert lock.command == node_settings.gpu_clock_command(0, 2400)
+    assert "nvidia-smi -lgc 0,2400 && mkdir -p /run/sparkstack && echo 0,2400 > /run/sparkstack/gpu-clock" in lock.command
+    applied = dataclasses.replace(spark_facts, gpu_clocks=GpuClocks(2400, 3003, (0, 2400)))
+    assert not prep.gpu_clock_step(capped, applied).needed
+    locked = config.load(write_config(lambda d: d.update(gpu_clock={"lock_mhz": 2000})))
+    assert prep.gpu_clock_step(locked, applied).name == "gpu clock 2000,2000 MHz"
+    assert prep.gpu_clock_step(locked, applied).needed
+    unset = config.load(write_config())
+    reset = prep.gpu_clock_step(unset, applied)
+    assert reset.needed and reset.name == "gpu clock reset" and "nvidia-smi -rgc && rm -f /run/sparkstack/gpu-clock" in reset.command
+    assert prep.gpu_clock_step(unset, spark_facts) is None
+
+
+def test_gpu_clock_without_nvidia_smi_fails_with_the_cause():
+    """What the root script reports on a rank with no driver (a sandbox rank)."""
+    import subprocess
+
+    steps = [prep.Step("gpu clock 0,2400 MHz", node_settings.gpu_clock_command(0, 2400), True, "")]
+    out = subprocess.run(["sh", "-c", prep.root_script(steps)], capture_output=True, text=True,
+                         env={"PATH": "/nonexistent:/usr/bin:/bin"}).stdout
+    rp = prep.RankPrep(0, "x", steps)
+    prep._record(rp, steps, out)
+    assert rp.failed == ["gpu clock 0,2400 MHz: nvidia-smi not found: no NVIDIA driver on this rank"]
+
+
+@pytest.mark.parametrize("given, error", [
+    ({"lock_mhz": 2000, "max_mhz": 2400}, "give lock_mhz (one clock) or max_mhz (a cap), not both or neither"),
+    ({}, "give lock_mhz (one clock) or max_mhz (a cap), not both or neither"),
+    ({"max_mhz": 1000, "min_mhz": 2000}, "min_mhz 2000 is above max_mhz 1000"),
+    ({"lock_mhz": 2000, "min_mhz": 100}, "min_mhz goes with max_mhz"),
+    ({"lock_mhz": 0}, "gpu_clock.lock_mhz"),
+])
+def test_gpu_clock_config_errors(write_config, given, error):
+    with pytest.raises(config.ConfigError, match=re.escape(error)):
+        config.load(write_config(lambda d: d.update(gpu_clock=given)))
 
 
 def test_no_mount_without_nfs(write_config, spark_facts):
@@ -289,3 +335,25 @@ def test_bind_mount_on_the_nfs_servers_own_rank(sandbox, tmp_path):
             assert not next(s for s in again if s.name.startswith("mount")).needed
     finally:
         sandbox.run("spark1", f"sudo umount {path} 2>/dev/null; sudo rm -rf {path} {export}")
+
+
+def test_gpu_clock_on_ranks_without_a_driver_fails_each_rank_with_the_cause(sandbox, tmp_path):
+    """gpu_clock asked of the sandbox's ranks, which have no NVIDIA driver: `prep` fails every
+    rank naming the cause (nvidia-smi not there), changes nothing else, and `check`'s gpu clock
+    row fails: the lock is not applied."""
+    from launcher.check import check
+
+    doc = yaml.safe_load(Path(sandbox.config).read_text())
+    doc["gpu_clock"] = {"lock_mhz": 2000}
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["prep", "-c", str(cfg), "--no-drop", "--json"])
+    assert result.exit_code == 1, result.output
+    doc, end = json.JSONDecoder().raw_decode(result.output)
+    assert "error: prep failed on rank 0, rank 1, rank 2, rank 3" in result.output[end:]
+    ranks = doc["ranks"]
+    assert [r["failed"] for r in ranks] == [["gpu clock 2000,2000 MHz: nvidia-smi not found: no NVIDIA "
+                                             "driver on this rank"]] * 4
+    report = check.run(config.load(cfg), image=sandbox.images["vllm"])
+    got = next(c for c in report.ranks[1].checks if c.name == "gpu clock")
+    assert (got.status, got.value) == ("fail", "gpu_clock asks 2000,2000 MHz, the rank has no lock recorded")

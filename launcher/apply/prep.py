@@ -4,7 +4,8 @@ Plan, then apply. `plan_rank` is pure (the config and the rank's facts in, the s
 sysctls of launcher/inputs/node_settings.py that differ from what the rank reads now, swap off
 when the profile or config says no swap and the rank has some (seed 001), the checkpoint
 mount when the config names an NFS export and the model path is not a mount (on the NFS
-server's own node a bind mount of the export: seed 000's gotcha), and dropping page caches
+server's own node a bind mount of the export: seed 000's gotcha), the GPU clock lock of
+`gpu_clock` (`nvidia-smi -lgc`, recorded in node_settings.GPU_CLOCK_FILE), and dropping page caches
 (always: the page cache is what squeezes a unified-memory GB10). `apply` runs each rank's
 root steps as ONE sudo command and the drop through node_settings' narrow sudoers rule, all
 ranks in parallel; `wait_for_memory` then polls until every rank's MemAvailable is back above
@@ -106,6 +107,17 @@ def swap_step(loaded: Loaded, f: Facts) -> Step | None:
     return Step("swap off", node_settings.swap_off_command(), m is None or m.swap_total > 0, found)
 
 
+def gpu_clock_step(loaded: Loaded, f: Facts) -> Step | None:
+    """The GPU clock lock cluster.yaml's gpu_clock asks for; without one, the reset of a lock an
+    earlier prep (or the Ansible unit) recorded, so removing the setting undoes it."""
+    want = node_settings.gpu_clock_range(loaded.cluster)
+    locked = f.gpu_clocks.locked if f.gpu_clocks else None
+    found = f"locked {locked[0]},{locked[1]} MHz" if locked else "no lock recorded"
+    if want is None:
+        return Step("gpu clock reset", node_settings.gpu_clock_reset_command(), True, found) if locked else None
+    return Step(f"gpu clock {want[0]},{want[1]} MHz", node_settings.gpu_clock_command(*want), locked != want, found)
+
+
 def drop_step(loaded: Loaded, r: int, f: Facts) -> Step:
     user = loaded.cluster.ranks[r].user
     cached = f"{gib(f.memory.cached)} page cache" if f.memory else "page cache"
@@ -113,15 +125,16 @@ def drop_step(loaded: Loaded, r: int, f: Facts) -> Step:
 
 
 def plan_rank(loaded: Loaded, r: int, f: Facts, drop: bool = True) -> list[Step]:
-    """The rank's steps in order: sysctls, swap off (when asked), the mount, then the drop
-    (after the mount: the checkpoint is then on its final filesystem)."""
+    """The rank's steps in order: sysctls, swap off (when asked), the mount, the GPU clock
+    (when asked, or to undo), then the drop (after the mount: the checkpoint is then on its
+    final filesystem)."""
     steps = sysctl_steps(loaded, f)
     swap = swap_step(loaded, f)
     if swap:
         steps.append(swap)
-    mount = mount_step(loaded, r, f)
-    if mount:
-        steps.append(mount)
+    for step in (mount_step(loaded, r, f), gpu_clock_step(loaded, f)):
+        if step:
+            steps.append(step)
     if drop:
         steps.append(drop_step(loaded, r, f))
     return steps

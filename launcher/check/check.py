@@ -9,7 +9,11 @@ fabric pings and dockerd's capabilities) and calls it.
 Rows a healthy sandbox shows as non-pass, honestly (tests/test_check.py documents them):
 image (until the profile's chain is built and shipped), ulimits (warn: the host's hard limits
 cap the ranks at nofile 20000 / memlock 8 MiB), roce (warn: the sandbox leaves each port's twin
-unaddressed, so NCCL_IB_HCA leaves it out).
+unaddressed, so NCCL_IB_HCA leaves it out), driver, nvidia runtime and gpu clock (warn, "not
+measured": a sandbox rank has no NVIDIA driver).
+
+Drift between ranks (driver, kernel, cx7 firmware, image, nccl): `compare` fails the rank whose
+value differs from the majority's, naming the others' value; with no majority, every rank.
 
 A ring is judged as a whole: TP across it needs every link, so a link (rank r to rank r+1, in
 the config's order, which must be the cable order) that does not answer both ways, at 9000 B
@@ -39,8 +43,9 @@ from ..plan.plan import MemoryNeed, ModelFacts, Plan, memory_guard, rank_memory
 from ..status import Status
 from ..transport.gather import RankFacts
 
-ORDER = ("ssh", "docker", "image", "gpu", "memory", "vllm guard", "free while serving", "swap", "sysctls", "ulimits", "link",
-         "roce", "mtu", "peers", "jumbo", "nccl", "checkpoint", "disk", "clock", "api key")
+ORDER = ("ssh", "docker", "image", "gpu", "driver", "nvidia runtime", "gpu clock", "kernel", "memory", "vllm guard",
+         "free while serving", "swap", "sysctls", "ulimits", "link", "roce", "cx7 firmware", "mtu", "peers", "jumbo",
+         "nccl", "checkpoint", "disk", "clock", "api key")
 OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
@@ -303,20 +308,157 @@ def _check_image(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     if found is None:
         rr.add("image", Status.FAIL, f"{inp.image} missing on rank {r} ({rr.host})", "sparkstack ship")
         return
-    want, whose = _reference_id(inp)
-    if want and found.id != want:
-        rr.add("image", Status.FAIL, f"{inp.image} is {_short(found.id)} here, {_short(want)} on {whose}",
-               "sparkstack ship (a rank is re-tagged only once its image ID matches)")
+    fix = "sparkstack ship (a rank is re-tagged only once its image ID matches)"
+    if inp.local_image_id:  # the build host's is THE image: each rank against it
+        if found.id != inp.local_image_id:
+            rr.add("image", Status.FAIL, f"{inp.image} is {_short(found.id)} on rank {r}, "
+                   f"{_short(inp.local_image_id)} on the build host", fix)
+        else:
+            rr.add("image", Status.PASS, f"{inp.image} {_short(found.id)}, as on the build host")
         return
-    rr.add("image", Status.PASS, f"{inp.image} {_short(found.id)}")
+    ids = {p: _short(img.id) for p, x in inp.facts.items() if x.docker
+           for img in [x.docker.image(inp.image)] if img}
+    _drift_row(rr, "image", ids, r, f"{inp.image} {_short(found.id)}", fix)
 
 
-def _reference_id(inp: Inputs) -> tuple[str | None, str]:
-    if inp.local_image_id:
-        return inp.local_image_id, "the build host"
-    ids = Counter(img.id for f in inp.facts.values() if f.docker
-                  for img in [f.docker.image(inp.image)] if img)
-    return (ids.most_common(1)[0][0], "most ranks") if ids else (None, "")
+# --- drift between ranks: a value every rank must share ----------------------------------------
+
+def compare(values: dict[int, str], r: int) -> tuple[bool, str]:
+    """Rank r's value among the measured ranks': (whether rank r is odd, what to say). With a
+    majority (the most common value ahead of the next), the ranks that differ from it are odd,
+    each named with the value the others have; with no majority (2 ranks, a tie) every rank is
+    odd and each rank's value is listed: nothing says which side is right."""
+    counts = Counter(values.values()).most_common()
+    if len(counts) == 1:
+        return False, "same on all ranks" if len(values) > 1 else ""
+    if counts[0][1] > counts[1][1]:
+        top = counts[0][0]
+        same = [p for p, v in values.items() if v == top]
+        if values[r] == top:
+            odd = ", ".join(f"rank {p}" for p, v in sorted(values.items()) if v != top)
+            return False, f"same on ranks {_ranks(same)} ({odd} differ)"
+        return True, f"rank {r} has {values[r]}; ranks {_ranks(same)} have {top}"
+    return True, "ranks differ: " + ", ".join(f"rank {p} {v}" for p, v in sorted(values.items()))
+
+
+def _ranks(ranks) -> str:
+    return ", ".join(str(p) for p in sorted(ranks))
+
+
+def _drift_row(rr: RankReport, name: str, values: dict[int, str], r: int, shown: str, fix: str) -> None:
+    """A row that fails rank r when its value drifts from the others' (`compare`)."""
+    odd, said = compare(values, r)
+    if odd:
+        rr.add(name, Status.FAIL, f"{shown}: {said}", fix)
+    else:
+        rr.add(name, Status.PASS, f"{shown}, {said}" if said else shown)
+
+
+def _not_measured(f: Facts, what: str) -> str:
+    why = next((p for p in f.problems if p.startswith("nvidia-smi")), "nvidia-smi lists no GPU")
+    return f"not measured: {why} (no {what} to compare)"
+
+
+def _check_driver(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """The NVIDIA driver and the CUDA driver API version it gives: the same on every rank (NCCL
+    and the engine's kernels across ranks), and the loaded module the same as the library."""
+    d = f.driver
+    if d is None:
+        rr.add("driver", Status.WARN, _not_measured(f, "driver"),
+               "install the NVIDIA driver (DGX OS ships it); `nvidia-smi` must answer on every rank")
+        return
+    if d.version and d.kernel_module and d.version != d.kernel_module:
+        rr.add("driver", Status.FAIL, f"the loaded kernel module is {d.kernel_module}, its library "
+               f"{d.version} (Driver/library version mismatch)",
+               "reboot this rank: the driver was upgraded and the old module is still loaded")
+        return
+    fix = ("install the same NVIDIA driver on every rank (DGX OS: `sudo apt update && sudo apt "
+           "full-upgrade` on each, then reboot): ranks on different drivers do not form one TP group")
+    values = {p: _driver_text(x.driver) for p, x in inp.facts.items() if x.driver}
+    _drift_row(rr, "driver", values, r, _driver_text(d), fix)
+
+
+def _driver_text(d) -> str:
+    return f"{d.version or d.kernel_module} (CUDA {d.cuda or '?'})"
+
+
+def _check_nvidia_runtime(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """The container runtime's NVIDIA configuration on this rank: a CDI spec generated for
+    another driver than the one running (the trap after a driver upgrade) hands the container
+    libraries that are not there; nvidia-ctk's version is compared across ranks."""
+    name, d = "nvidia runtime", f.driver
+    running = (d.version or d.kernel_module) if d else None
+    bad = [s.problem for s in f.cdi_specs if s.problem]
+    stale = [s for s in f.cdi_specs if not s.problem and running and s.driver and s.driver != running]
+    if bad or stale:
+        why = bad + [f"stale CDI spec: {s.path} names driver {s.driver}, the rank runs {running}" for s in stale]
+        path = (stale or f.cdi_specs)[0].path
+        rr.add(name, Status.FAIL, "; ".join(why), f"sudo nvidia-ctk cdi generate --output={path}")
+        return
+    specs = ", ".join(f"{s.path} (driver {s.driver or '?'})" for s in f.cdi_specs) or "no CDI spec"
+    shown = f"{specs}; nvidia-ctk {f.nvidia_ctk or 'not installed'}"
+    if running is None:
+        rr.add(name, Status.WARN, f"{shown}; {_not_measured(f, 'driver')}",
+               "install the NVIDIA driver and container toolkit (DGX OS ships them)")
+        return
+    versions = {p: x.nvidia_ctk or "no nvidia-ctk" for p, x in inp.facts.items() if x.driver}
+    odd, said = compare(versions, r)
+    if odd:
+        rr.add(name, Status.WARN, f"{shown}: NVIDIA Container Toolkit {said}",
+               "install the same nvidia-container-toolkit on every rank (`sudo apt install nvidia-container-toolkit`)")
+    else:
+        rr.add(name, Status.PASS, shown + (f", {said}" if said else ""))
+
+
+def _check_gpu_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """The GPU clock: the lock cluster.yaml's gpu_clock asks for, as prep or the Ansible unit
+    recorded it, and the clocks nvidia-smi reads now."""
+    name, want = "gpu clock", node_settings.gpu_clock_range(inp.loaded.cluster)
+    c = f.gpu_clocks
+    locked = c.locked if c else None
+    now = (f"now {c.graphics_mhz or '?'} of max {c.max_graphics_mhz or '?'} MHz"
+           if c and (c.graphics_mhz or c.max_graphics_mhz) else None)
+    if want is not None and locked != want:
+        found = f"locked {locked[0]},{locked[1]} MHz" if locked else "no lock recorded"
+        rr.add(name, Status.FAIL, f"gpu_clock asks {want[0]},{want[1]} MHz, the rank has {found}"
+               + (f" ({now})" if now else ""),
+               "sparkstack prep (nvidia-smi -lgc; the Ansible role's unit sets it at every boot)")
+    elif locked is not None and want is None:
+        rr.add(name, Status.WARN, f"locked {locked[0]},{locked[1]} MHz by an earlier prep, but gpu_clock is unset",
+               "sparkstack prep resets it (nvidia-smi -rgc)")
+    elif now is None and f.driver is None:
+        rr.add(name, Status.WARN, _not_measured(f, "clock"),
+               "install the NVIDIA driver (DGX OS ships it); `nvidia-smi -q -d CLOCK` must answer")
+    else:
+        lock = f"locked {want[0]},{want[1]} MHz (gpu_clock)" if want else "the driver's (no lock)"
+        rr.add(name, Status.PASS, lock + (f"; {now}" if now else ""))
+
+
+def _check_kernel(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """The kernel and its page size: the same everywhere (a 64k-page kernel beside 4k ones, or
+    another kernel's RDMA and NVIDIA modules, are what an update on one box brings)."""
+    values = {p: _kernel_text(x) for p, x in inp.facts.items()}
+    _drift_row(rr, "kernel", values, r, _kernel_text(f),
+               "boot every rank into the same kernel (`uname -r`; DGX OS: `sudo apt full-upgrade`, "
+               "then reboot each): a 64k-page kernel does not mix with 4k ones")
+
+
+def _kernel_text(f: Facts) -> str:
+    page = f"{f.page_size // 1024} KiB pages" if f.page_size else "page size unknown"
+    return f"{f.kernel or '?'}, {page}"
+
+
+def _check_cx7_firmware(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """The ConnectX-7 firmware (/sys/class/infiniband/<hca>/fw_ver): the same on every rank."""
+    name = "cx7 firmware"
+    if not f.fw_versions:
+        why = "no RDMA devices" if not f.rdma else "no fw_ver under /sys/class/infiniband"
+        rr.add(name, Status.WARN, f"not measured: {why}", "see the roce row")
+        return
+    values = {p: " / ".join(x.fw_versions) for p, x in inp.facts.items() if x.fw_versions}
+    _drift_row(rr, name, values, r, f"fw {values[r]}",
+               "flash the same ConnectX-7 firmware on every rank (`sudo mlxfwmanager --online -u`, or "
+               "the DGX OS update that carries it), then reboot it")
 
 
 def _short(image_id: str) -> str:
@@ -646,19 +788,18 @@ def _check_nccl(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("nccl", Status.FAIL, (mine.problem if mine else None) or f"{lib}: not looked for",
                f"install the same NCCL build at {lib} on every rank, or remove nccl.host_lib from cluster.yaml")
         return
-    builds = {p: _build(x.nccl_lib) for p, x in inp.facts.items() if x.nccl_lib and x.nccl_lib.present}
-    common = Counter(builds.values()).most_common(1)[0][0]
-    shown = f"{lib} ({mine.realpath}): {_build_text(builds[r])}"
-    if builds[r] != common:
-        same = ", ".join(str(p) for p, b in builds.items() if b == common)
-        rr.add("nccl", Status.FAIL, f"{shown} on rank {r}, but {_build_text(common)} on ranks {same}",
+    builds = {p: _build_text(_build(x.nccl_lib)) for p, x in inp.facts.items() if x.nccl_lib and x.nccl_lib.present}
+    shown = f"{lib} ({mine.realpath}): {builds[r]}"
+    odd, said = compare(builds, r)
+    if odd:
+        rr.add("nccl", Status.FAIL, f"{shown}: {said}",
                f"install the same NCCL build at {lib} on every rank (ranks with different builds "
                "cannot form one communicator)")
     elif mine.problem or mine.version is None:
         rr.add("nccl", Status.WARN, f"{shown}; {mine.problem or 'no NCCL version string in the file'}",
                f"is it an NCCL library? `strings {lib} | grep 'NCCL version'`")
     else:
-        rr.add("nccl", Status.PASS, shown + (", same on all ranks" if len(set(builds.values())) == 1 else ""))
+        rr.add("nccl", Status.PASS, shown + (f", {said}" if said else ""))
 
 
 def _build(lib) -> tuple[str | None, int | None]:

@@ -765,11 +765,14 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
     """Preflight every rank, read-only: one table of rank × check.
 
     \b
-    ssh, docker, image (the profile's serving image, same ID on every rank), gpu, memory
+    ssh, docker, image (the profile's serving image, same ID on every rank), gpu, driver (NVIDIA
+    driver and CUDA version, the same on every rank), nvidia runtime (a CDI spec of another
+    driver fails; nvidia-ctk versions), gpu clock (the gpu_clock lock, applied), kernel (release
+    and page size, the same on every rank), memory
     (MemAvailable vs weights + KV + runtime + headroom), vllm guard (free at start vs MemTotal ×
     --gpu-memory-utilization, as vLLM checks it), swap, sysctls, ulimits (what a
     container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
-    fabric IP), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
+    fabric IP), cx7 firmware (same on all), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
     ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s),
     api key (rank 0 only: the API asks for a key; warn when it takes none).
     Each row is pass / warn / fail with the measured value and, when not pass, the fix.

@@ -233,6 +233,33 @@ class NcclSettings(Strict):
         return self
 
 
+class GpuClockSettings(Strict):
+    """Lock (`lock_mhz`) or cap (`max_mhz`, from `min_mhz`) the GPU clock on every rank with
+    `nvidia-smi -lgc MIN,MAX`, applied by `prep` and the Ansible role: a TP step waits for the
+    slowest rank, so one rank boosting less than the others costs every rank."""
+
+    lock_mhz: PositiveInt | None = None
+    max_mhz: PositiveInt | None = None
+    min_mhz: int = Field(0, ge=0)  # with max_mhz: the floor of the range
+
+    @model_validator(mode="after")
+    def _one_way(self):
+        if (self.lock_mhz is None) == (self.max_mhz is None):
+            raise ValueError("give lock_mhz (one clock) or max_mhz (a cap), not both or neither")
+        if self.max_mhz is not None and self.min_mhz > self.max_mhz:
+            raise ValueError(f"min_mhz {self.min_mhz} is above max_mhz {self.max_mhz}")
+        if self.lock_mhz is not None and "min_mhz" in self.model_fields_set:
+            raise ValueError("min_mhz goes with max_mhz; lock_mhz is both ends")
+        return self
+
+    @property
+    def range(self) -> tuple[int, int]:
+        """The -lgc MIN,MAX pair."""
+        if self.lock_mhz is not None:
+            return self.lock_mhz, self.lock_mhz
+        return self.min_mhz, self.max_mhz
+
+
 GID_INDEX_ENV = "NCCL_IB_GID_INDEX"
 
 
@@ -258,6 +285,7 @@ class Cluster(Strict):
     keep: KeepSettings = KeepSettings()
     fabric: FabricSettings = FabricSettings()
     nccl: NcclSettings = NcclSettings()
+    gpu_clock: GpuClockSettings | None = None  # unset: clocks left to the driver (a lock prep set is reset)
     profiles_dir: UserPath | None = None
 
     @property

@@ -19,6 +19,7 @@ commands run it before sudo.
 from __future__ import annotations
 
 import re
+import shlex
 
 from ..errors import SparkstackError
 
@@ -184,6 +185,41 @@ def relief_sudo_check_command(user: str) -> str:
     if user == "root":
         return "true"
     return " && ".join(f"sudo -n -l {c} >/dev/null" for c in SUDO_COMMANDS)
+
+
+# -- the GPU clock ------------------------------------------------------------------------------
+# `nvidia-smi -lgc` lasts until a reboot or `-rgc`, and nvidia-smi has no query for it: whoever
+# sets it records the pair here (/run: gone at the reboot that ends the lock), for `check`. The
+# probe reads the same path (launcher/onrank/probe.py GPU_CLOCK_FILE).
+GPU_CLOCK_FILE = "/run/sparkstack/gpu-clock"
+GPU_CLOCK_UNIT = "sparkstack-gpu-clock.service"  # the Ansible role's oneshot (lock at boot)
+# no single quote in these commands: the unit's ExecStart wraps them in one (systemd's quoting)
+_NO_SMI = 'command -v nvidia-smi >/dev/null || { echo "nvidia-smi not found: no NVIDIA driver on this rank"; exit 1; }'
+
+
+def gpu_clock_command(low: int, high: int) -> str:
+    """Lock the GPU clock to LOW..HIGH MHz (as root) and record it."""
+    return (f"{_NO_SMI}; nvidia-smi -lgc {int(low)},{int(high)} && mkdir -p {GPU_CLOCK_FILE.rsplit('/', 1)[0]} "
+            f"&& echo {int(low)},{int(high)} > {GPU_CLOCK_FILE}")
+
+
+def gpu_clock_unit(low: int, high: int) -> str:
+    """The text of the Ansible role's oneshot unit (templates/gpu-clock.service.j2 renders the
+    same bytes): the lock at every boot, once the driver's persistence daemon is up."""
+    return (HEADER + "[Unit]\nDescription=sparkstack: lock the GPU clock (cluster.yaml gpu_clock)\n"
+            "After=nvidia-persistenced.service\nWants=nvidia-persistenced.service\n\n"
+            "[Service]\nType=oneshot\nRemainAfterExit=true\n"
+            f"ExecStart=/bin/sh -c {shlex.quote(gpu_clock_command(low, high))}\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+
+
+def gpu_clock_reset_command() -> str:
+    """Give the GPU clock back to the driver (as root) and forget the record."""
+    return f"{_NO_SMI}; nvidia-smi -rgc && rm -f {GPU_CLOCK_FILE}"
+
+
+def gpu_clock_range(cluster) -> tuple[int, int] | None:
+    return cluster.gpu_clock.range if cluster.gpu_clock else None
 
 
 # -- the checkpoint mount -----------------------------------------------------------------------

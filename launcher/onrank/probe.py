@@ -22,6 +22,7 @@ Arguments (all optional; a bare path instead of JSON is taken as `sysfs_root`):
   disk_paths     paths whose free space to report besides "/", the model dir, Docker's root.
   timeout_s      per command (default 5): a hung daemon costs a finding, not the probe.
   nccl_lib       a host NCCL library (cluster.yaml nccl.host_lib) to find and read the version of.
+  cdi_specs      the container runtime's NVIDIA CDI specs to read (default CDI_SPECS).
 """
 
 import hashlib
@@ -44,7 +45,11 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 # One inspect line per image; full `docker image inspect` JSON carries every layer digest.
 INSPECT_FORMAT = ('{"Id":{{json .Id}},"RepoTags":{{json .RepoTags}},'
                   '"Labels":{{json .Config.Labels}},"Size":{{json .Size}}}')
-NOT_ANSWERING = "not answering"  # the model dir's error when its listing hangs (check looks for it)
+NOT_ANSWERING = "not answering"
+# where `nvidia-ctk cdi generate` writes (by hand) and nvidia-cdi-refresh.service writes (toolkit >= 1.18)
+CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/var/run/cdi/nvidia.yaml")
+CDI_MAX_BYTES = 1 << 20  # a generated spec is ~20-40 kB
+GPU_CLOCK_FILE = "/run/sparkstack/gpu-clock"  # what prep / the Ansible unit locked since the boot  # the model dir's error when its listing hangs (check looks for it)
 
 
 def read(path):
@@ -253,6 +258,17 @@ def rdma_port(pdir):
             "gids": gids, "gid_types": types, "gid_ndevs": ndevs}
 
 
+def read_head(path, limit):
+    """read() of at most `limit` bytes: a runaway file costs a truncated finding, not the probe."""
+    try:
+        with open(path, "r", errors="replace") as f:
+            return f.read(limit)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return {"error": "%s: %s" % (type(e).__name__, e.strerror or e)}
+
+
 def rdma_sysfs(cls):
     base = os.path.join(cls, "infiniband")
     hcas = listdir(base)
@@ -262,7 +278,8 @@ def rdma_sysfs(cls):
     for hca in hcas:
         d = os.path.join(base, hca)
         ports = {p: rdma_port(os.path.join(d, "ports", p)) for p in listdir(os.path.join(d, "ports")) or []}
-        out[hca] = {"ports": ports, "netdevs": listdir(os.path.join(d, "device", "net")) or []}
+        out[hca] = {"ports": ports, "netdevs": listdir(os.path.join(d, "device", "net")) or [],
+                    "fw_ver": read(os.path.join(d, "fw_ver"))}
     return out
 
 
@@ -407,6 +424,9 @@ def probe(args):
         "findmnt": ["findmnt", "-J", "-l", "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"],
         "nvidia_smi": ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                        "--format=csv,noheader"],
+        # the header carries the CUDA driver API version; the CLOCK section the clocks
+        "nvidia_smi_clocks": ["nvidia-smi", "-q", "-d", "CLOCK"],
+        "nvidia_ctk": ["nvidia-ctk", "--version"],
     }
     if model_dir:
         commands["findmnt_model"] = ["findmnt", "-J", "-T", model_dir, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"]
@@ -423,6 +443,10 @@ def probe(args):
         "args": args,
         "clock": {"started": started},
         "kernel": os.uname().release,
+        "page_size": os.sysconf("SC_PAGE_SIZE"),
+        "nvidia_driver_proc": read("/proc/driver/nvidia/version"),
+        "cdi_specs": {p: read_head(p, CDI_MAX_BYTES) for p in args.get("cdi_specs", CDI_SPECS)},
+        "gpu_clock_file": read(GPU_CLOCK_FILE),
         "hostname": os.uname().nodename,
         "python": sys.version.split()[0],
         "meminfo": read("/proc/meminfo"),

@@ -124,6 +124,10 @@ def group_vars(cluster, no_swap: bool = False) -> dict:
         "spark_node_no_swap": no_swap,
         "spark_node_swap_line_regexp": ns.SWAP_LINE_RE,
         "spark_node_swap_mark": ns.SWAP_FSTAB_MARK,
+        # gpu_clock: the oneshot unit's command ("" : no lock, the unit is removed)
+        "spark_node_gpu_clock_unit": ns.GPU_CLOCK_UNIT,
+        "spark_node_gpu_clock_command": (ns.gpu_clock_command(*ns.gpu_clock_range(cluster))
+                                         if cluster.gpu_clock else ""),
         # Sandbox ranks share this machine's kernel: a live sysctl would change the host (the
         # sandbox shadows only /proc/sys/vm), the kernel has no NFS (the checkpoint is already
         # a bind mount there), and other tests share each rank's dockerd, which a handler would

@@ -57,6 +57,7 @@ HCAS = [
 FABRIC_PORT = {0: 0, 1: 0, 2: 1, 3: 0}
 # ranks whose netdevs carry an extra global IPv6 address (shifts the IPv4 GIDs by two)
 EXTRA_IPV6 = {1, 3}
+FW_VER = "28.45.1020"  # the ConnectX-7's firmware, /sys/class/infiniband/<hca>/fw_ver (check's drift row)
 GID_TABLE_LEN = 8  # real tables are longer (e.g. 255); unused entries read all-zero
 
 
@@ -176,7 +177,7 @@ def sysfs_tree(rank: int, n: int = N_RANKS, unplugged: frozenset[int] = frozense
                 # real box, so they are absent here
                 files[f"{p}/gids/{i}"] = ZERO_GID + "\n"
         files[f"class/infiniband/{hca}/node_type"] = "1: CA\n"
-        files[f"class/infiniband/{hca}/fw_ver"] = "28.45.1020\n"
+        files[f"class/infiniband/{hca}/fw_ver"] = FW_VER + "\n"
         files[f"class/infiniband/{hca}/hca_type"] = "MT4129\n"
     files.update(_netdev_files(f"class/net/{MGMT_IF}", mac(rank, 99), 1500, 10000, True, 2))
     return files
