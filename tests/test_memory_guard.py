@@ -15,7 +15,7 @@ import yaml
 
 from launcher.inputs import node_settings
 from launcher.sandbox import meminfo
-from serving import cli
+from serving import cli, rank_user, states
 
 OLD_RULE_USER = "sparkstack-olddrop"
 
@@ -27,32 +27,12 @@ def cfg(sandbox):
     assert cli("down", "-c", path).exit_code == 0
 
 
-def states(cfg) -> dict[int, str]:
-    return {r["rank"]: r["state"] for r in json.loads(cli("status", "-c", cfg, "--json").stdout)["ranks"]}
-
-
 @pytest.fixture
 def old_rule_on_spark3(sandbox):
     """A user on spark3 with the narrow rule as it was before the guard: drop caches, no compaction."""
-    rule = f"/etc/sudoers.d/{OLD_RULE_USER}"
-
-    def drop():
-        sandbox.run("spark3", f"sudo pkill -KILL -u {OLD_RULE_USER}; sudo userdel -r {OLD_RULE_USER} 2>/dev/null; "
-                              f"sudo rm -f {rule}; true")
-
-    drop()
-    make = (f"sudo useradd -m -s /bin/sh -p '*' -G docker {OLD_RULE_USER} && "
-            f"sudo install -d -m 0700 -o {OLD_RULE_USER} -g {OLD_RULE_USER} /home/{OLD_RULE_USER}/.ssh && "
-            f"sudo install -m 0600 -o {OLD_RULE_USER} -g {OLD_RULE_USER} /home/spark/.ssh/authorized_keys "
-            f"/home/{OLD_RULE_USER}/.ssh/ && "
-            f"echo '{OLD_RULE_USER} ALL=(root) NOPASSWD: {node_settings.DROP_CACHES_SUDO}' | sudo tee {rule} >/dev/null && "
-            f"sudo chmod 0440 {rule}")
-    try:
-        rc, out, err = sandbox.run("spark3", make)
-        assert rc == 0, err or out
-        yield OLD_RULE_USER
-    finally:
-        drop()
+    rule = f"{OLD_RULE_USER} ALL=(root) NOPASSWD: {node_settings.DROP_CACHES_SUDO}"
+    with rank_user(sandbox, "spark3", OLD_RULE_USER, rule, groups="docker") as user:
+        yield user
 
 
 def test_up_refuses_a_rank_that_cannot_compact_memory(sandbox, cfg, old_rule_on_spark3, tmp_path):

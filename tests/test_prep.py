@@ -22,6 +22,7 @@ from launcher.inputs import config, node_settings
 from launcher.transport import gather
 from launcher.apply import prep
 from launcher.cli.commands import main
+from serving import rank_user
 from launcher.facts.facts import GpuClocks, Memory, Mount
 from launcher.sandbox import meminfo
 
@@ -249,19 +250,8 @@ NOSUDO = "sparkstack-nosudo"
 @pytest.fixture
 def nosudo_on_spark3(sandbox):
     """A user on spark3 with no sudo rule at all, who logs in with the sandbox's key; removed after."""
-    def drop():
-        sandbox.run("spark3", f"sudo pkill -KILL -u {NOSUDO}; sudo userdel -r {NOSUDO} 2>/dev/null; true")
-
-    drop()  # a leftover of an interrupted run
-    make = (f"sudo useradd -m -s /bin/sh -p '*' {NOSUDO} && "
-            f"sudo install -d -m 0700 -o {NOSUDO} -g {NOSUDO} /home/{NOSUDO}/.ssh && "
-            f"sudo install -m 0600 -o {NOSUDO} -g {NOSUDO} /home/spark/.ssh/authorized_keys /home/{NOSUDO}/.ssh/")
-    try:
-        rc, out, err = sandbox.run("spark3", make)
-        assert rc == 0, err or out
-        yield NOSUDO
-    finally:
-        drop()
+    with rank_user(sandbox, "spark3", NOSUDO) as user:
+        yield user
 
 
 def test_without_sudo_a_clear_error_names_the_rank(sandbox, nosudo_on_spark3, tmp_path):

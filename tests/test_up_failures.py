@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving import cli
+from serving import cli, states
 
 SPARKSTACK = Path(sys.executable).parent / "sparkstack"  # the console script, as a user runs it
 ODD = "sparkstack-test/odd-vllm:issue21"  # the stand-in with vLLM 0.10.2, no `ray`, 8 MB ballast
@@ -27,10 +27,6 @@ def cfg(sandbox):
     path = str(sandbox.config)
     yield path
     assert cli("down", "-c", path).exit_code == 0
-
-
-def states(cfg) -> dict[int, str]:
-    return {r["rank"]: r["state"] for r in json.loads(cli("status", "-c", cfg, "--json").stdout)["ranks"]}
 
 
 def started_at(cfg) -> list[str]:
