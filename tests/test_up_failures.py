@@ -176,8 +176,8 @@ def engine_running(sandbox, name: str) -> bool:
 
 def test_a_rank_killed_for_memory_is_said_so(sandbox, cfg, slow):
     """The kernel's OOM killer ends rank 2's engine while the model loads (its container held
-    to 128 MiB, a process in it allocating more; the engine is the killer's pick): `up` says
-    the rank ran out of memory and stops every rank."""
+    to 128 MiB, small processes in it growing past that; the engine is the killer's pick): `up`
+    says the rank ran out of memory and stops every rank."""
     up = subprocess.Popen([str(SPARKSTACK), "up", "-c", slow], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     try:
@@ -188,8 +188,11 @@ def test_a_rank_killed_for_memory_is_said_so(sandbox, cfg, slow):
             time.sleep(0.2)
         oom = sandbox.run("spark3", (
             "docker update --memory 128m --memory-swap 128m sparkstack-engine >/dev/null && "
-            "docker exec sparkstack-engine sh -c 'echo 1000 > /proc/1/oom_score_adj' && "
-            "docker exec sparkstack-engine python3 -c 'b = [b\"x\" * (1 << 20) for _ in range(1024)]'"))
+            # sixteen small eaters (tail keeps its last 12 MiB): together past the limit, each
+            # smaller than the engine, which is the killer's pick (a docker exec gets the
+            # container's --oom-score-adj 1000 too, so one big eater would be picked instead)
+            "docker exec sparkstack-engine sh -c 'for i in $(seq 16); do "
+            "head -c 12m /dev/zero | tail -c 12m >/dev/null & done; wait'"))
         try:
             output, _ = up.communicate(timeout=180)
         except subprocess.TimeoutExpired:
