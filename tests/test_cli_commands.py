@@ -87,7 +87,7 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     aside no further than their own states; no line ends in blanks. Each reachable rank's
     MemAvailable now (issue 14), `?` where it could not be read; --json carries it in bytes."""
     import contextlib
-    from launcher.apply import deploy, prep, serve
+    from launcher.apply import deploy, engine_caches, prep, serve
     from launcher.transport import api
     from test_check import sandbox_cluster
 
@@ -102,16 +102,20 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     asked, GIB = [], 1 << 30
     mem = {0: 117 * GIB, 1: 10 * GIB + GIB // 2, 2: "rank 2 (spark3): timed out"}
     monkeypatch.setattr(prep, "read_mem_available", lambda group, ranks: asked.append(ranks) or mem)
+    # each reachable rank's compile caches (issue 15), by image; `?` where they could not be read
+    cache = {0: {}, 1: {"img-1": 3 << 20, "img-0": 1 << 19}, 2: "rank 2 (spark3): timed out"}
+    monkeypatch.setattr(engine_caches, "sizes", lambda loaded, group, ranks: asked.append(ranks) or cache)
     cfg = str(sandbox_cluster(tmp_path).path)
     lines = cli("status", "-c", cfg).output.splitlines()
-    assert asked == [[0, 1, 2]]  # not the unreachable rank
-    assert lines[:4] == ["rank 0 172.31.240.11  absent              MemAvailable 117.0 GiB",
-                         "rank 1 172.31.240.12  running             MemAvailable 10.5 GiB   img:1  since 2026-01-01T00:00:00Z",
-                         "rank 2 172.31.240.13  exited with code 3  MemAvailable ?          img:1",
-                         f"rank 3 172.31.240.14  unreachable                                        {why}"]
+    assert asked == [[0, 1, 2]] * 2  # not the unreachable rank
+    assert lines[:4] == ["rank 0 172.31.240.11  absent              MemAvailable 117.0 GiB  compile cache empty",
+                         "rank 1 172.31.240.12  running             MemAvailable 10.5 GiB   compile cache 3.5 MiB  img:1  since 2026-01-01T00:00:00Z",
+                         "rank 2 172.31.240.13  exited with code 3  MemAvailable ?          compile cache ?        img:1",
+                         f"rank 3 172.31.240.14  unreachable                                                               {why}"]
     assert lines[4] == "API http://172.31.240.11:8888: not answering" and len(lines) == 5
     assert json.loads(cli("status", "-c", cfg, "--json").output)["ranks"] == [
-        {**s.to_json(), "mem_available": [117 * GIB, 10 * GIB + GIB // 2, None, None][s.rank]} for s in states]
+        {**s.to_json(), "mem_available": [117 * GIB, 10 * GIB + GIB // 2, None, None][s.rank],
+         "compile_cache": [{}, cache[1], None, None][s.rank]} for s in states]
 
 
 # --- on the sandbox -----------------------------------------------------------------------------

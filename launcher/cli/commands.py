@@ -608,16 +608,23 @@ def _say_how_to_authenticate(loaded) -> None:
 @with_cluster()
 @trust_option()
 @lock_option
-def down(loaded, trust_new_hosts, wait_lock):
+@click.option("--purge-caches", is_flag=True,
+              help="also remove every rank's compile caches (container.cache_dir): the next start compiles afresh")
+def down(loaded, trust_new_hosts, wait_lock, purge_caches):
     """Stop and remove the serving container on every rank (fine when nothing runs)."""
-    from ..apply import cluster_lock, deploy
+    from ..apply import cluster_lock, deploy, engine_caches
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         failed = deploy.down(loaded, group, say)
-    if failed:
-        raise SparkstackError(f"could not stop the container on {', '.join(failed)}")
-    out.print("stopped on every rank")
+        if failed:
+            raise SparkstackError(f"could not stop the container on {', '.join(failed)}"
+                                  + ("; the compile caches were left alone" if purge_caches else ""))
+        not_purged = engine_caches.purge(loaded, group) if purge_caches else []
+    if not_purged:
+        raise SparkstackError("stopped on every rank, but:\n" + "\n".join(not_purged))
+    out.print("stopped on every rank" + (f"; compile caches under {loaded.cluster.container.cache_dir} removed"
+                                         if purge_caches and loaded.cluster.container.cache_dir else ""))
 
 
 @main.command()
@@ -629,22 +636,26 @@ def status(loaded, as_json, trust_new_hosts):
     image, and the API on rank 0; with a supervisor (`up --keep`), its restarts and the last
     cause it found."""
     from ..transport import api
-    from ..apply import deploy, prep, serve
+    from ..apply import deploy, engine_caches, prep, serve
 
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
-        mem = prep.read_mem_available(group, [s.rank for s in states if s.state != "unreachable"])
+        reached = [s.rank for s in states if s.state != "unreachable"]
+        mem = prep.read_mem_available(group, reached)
+        cache = engine_caches.sizes(loaded, group, reached)
     ep = api.endpoint(loaded)
     from ..apply import supervisor
 
     available = {r: v if isinstance(v, int) else None for r, v in mem.items()}
-    data = {"ranks": [{**s.to_json(), "mem_available": available.get(s.rank)} for s in states],
+    data = {"ranks": [{**s.to_json(), "mem_available": available.get(s.rank),
+                       "compile_cache": cache.get(s.rank) if isinstance(cache.get(s.rank), dict) else None}
+                      for s in states],
             "api": {"url": ep.url, "healthy": api.health(ep)},
             "keep": supervisor.summary(supervisor.log_path(loaded))}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_ranks([_status_row(s, mem.get(s.rank)) for s in states])
+        _print_ranks([_status_row(s, mem.get(s.rank), cache.get(s.rank)) for s in states])
         out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
         if data["keep"]:
             k = data["keep"]
@@ -656,15 +667,18 @@ def status(loaded, as_json, trust_new_hosts):
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
 
 
-def _status_row(s, mem: int | str | None) -> tuple:
+def _status_row(s, mem: int | str | None, cache: dict[str, int] | str | None = None) -> tuple:
     """A rank's row; why a rank is unreachable (or unknown) goes last, where a long text pushes
-    no other column aside. `mem`: its MemAvailable, or why it could not be read."""
+    no other column aside. `mem`: its MemAvailable, or why it could not be read; `cache`: its
+    compile caches' bytes by image (engine_caches.sizes)."""
     from ..plan.kv import gib
 
     shown = "" if mem is None else f"MemAvailable {gib(mem) if isinstance(mem, int) else '?'}"
     if s.state in ("unreachable", "unknown"):
-        return s.rank, s.host, s.state, shown, s.image, s.describe()
-    return (s.rank, s.host, s.describe(), shown, s.image,
+        return s.rank, s.host, s.state, shown, "", s.image, s.describe()
+    kept = "" if cache is None else "compile cache " + (
+        "?" if isinstance(cache, str) else f"{sum(cache.values()) / 2**20:.1f} MiB" if cache else "empty")
+    return (s.rank, s.host, s.describe(), shown, kept, s.image,
             f"since {s.started_at}" if s.state == "running" else "")
 
 
