@@ -116,6 +116,8 @@ def _print_plan(loaded, result, data, show_secrets: bool) -> None:
         out.print("  env     " + " ".join(f"{k}={v if v == redact.MASK else shlex.quote(v)}"
                                        for k, v in rank["env"].items()))
         out.print("  run     " + shlex.join(rank["docker_run"] + rank["engine"]))
+        if rank["rank"] in result.load:
+            out.print("  load    " + result.load[rank["rank"]].describe(), markup=False)
     sizing = result.kv
     if sizing:
         out.print(f"\n[bold]KV[/]      {sizing.bytes_per_token:,} B/token per rank, "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from . import caches, engine, kv
 from .. import redact
 from ..errors import ConfigError, PlanRefused, SparkstackError
-from ..facts import fabric
+from ..facts import fabric, load_path
 from ..facts.checkpoint import ModelShape, WeightSplit
 from ..facts.facts import Facts
 from ..inputs import apikey, vllm_flags, vllm_guard
@@ -101,6 +101,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what the user should know before `up`
     memory: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (MemTotal, MemAvailable)
     free_floor: int = 0  # `plan` refuses a rank expected to keep less free while serving
+    load: dict[int, load_path.LoadPath] = field(default_factory=dict)  # each probed rank's checkpoint reads
+
+    def wait_timeout(self, configured: float) -> float:
+        """`up`'s wait for the API: the configured one, or the slowest cold load × its margin."""
+        return load_path.wait_timeout(self.load, configured)
 
     def serving(self) -> list[dict]:
         """Per rank: the KV pool and the memory expected free while serving (kv.py)."""
@@ -128,6 +133,7 @@ class Plan:
                    "free_floor": self.free_floor, "per_rank": self.serving()},
             "vllm_guard": self.guard.to_json() if self.guard else None,
             "api": self.api.to_json(reveal_secrets) if self.api else None,
+            "load": [p.to_json() for _, p in sorted(self.load.items())],
             "assumed": self.assumed,
             "notes": self.notes,
         }
@@ -174,8 +180,10 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
              for r in range(len(cluster.ranks))]
     notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
                                                       len(cluster.ranks)) == "vllm-ray.j2" else []
+    nfs = cluster.model.nfs.server if cluster.model.nfs else None
+    load = {r: p for r, f in facts.items() if (p := load_path.for_rank(r, f, nfs))}
     return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,
-                memory, free_floor)
+                memory, free_floor, load)
 
 
 def _refuse_below_floor(loaded: Loaded, sizing: kv.KvSizing, memory: dict[int, tuple[int, int]],
