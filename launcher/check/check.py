@@ -46,7 +46,7 @@ from ..transport.gather import RankFacts
 ORDER = ("ssh", "docker", "image", "gpu", "driver", "nvidia runtime", "gpu clock", "kernel", "memory", "vllm guard",
          "free while serving", "swap", "sysctls", "ulimits", "link", "roce", "cx7 firmware", "mtu", "peers", "jumbo",
          "nccl", "checkpoint", "load", "disk", "clock", "api key")
-OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
+OPTIONAL = ("bandwidth", "hashes")  # rows only on request, after ORDER: `check --bandwidth`, `--deep`
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
 SWAP_USED_WARN = 256 << 20
@@ -985,10 +985,21 @@ def add_bandwidth(report: Report, inp: Inputs, group) -> None:
             rr.add("bandwidth", f.status, f.value, f.fix)
 
 
+def add_hashes(report: Report, inp: Inputs, group) -> None:
+    """`check --deep`: every rank hashes its checkpoint files (launcher/check/hashes.py)."""
+    from . import hashes
+
+    found = hashes.verify(inp.loaded, group, inp.facts)
+    for rr in report.ranks:
+        if rr.rank in found:
+            f = found[rr.rank]
+            rr.add("hashes", f.status, f.value, f.fix)
+
+
 def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None,
-        bandwidth: bool = False) -> Report:
+        bandwidth: bool = False, deep: bool = False) -> Report:
     """The whole `check`: connect (one attempt each, the config's connect timeout), collect,
-    evaluate; with `bandwidth`, the all-reduce row too."""
+    evaluate; with `bandwidth`, the all-reduce row too; with `deep`, the checkpoint's hashes."""
     import time
 
     from ..transport import gather
@@ -999,6 +1010,8 @@ def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, sa
         report = evaluate(inp)
         if bandwidth:
             add_bandwidth(report, inp, group)
+        if deep:
+            add_hashes(report, inp, group)
     report.seconds = time.monotonic() - started
     return report
 

@@ -548,7 +548,7 @@ def ansible_inventory(loaded, fmt):
 @click.option("--keep", is_flag=True,
               help="then keep it serving: watch every rank and the API, re-deploy on a failure (keep: in the config)")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
-              help="seconds to wait for the API once started")
+              help="seconds to wait for the API once started (longer when the slowest rank's cold-load estimate x 2 is; see `check`'s load row)")
 def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
@@ -777,7 +777,10 @@ def _probe_for_plan(loaded):
 @click.option("--bandwidth", is_flag=True,
               help="also measure the fabric: an NCCL all-reduce in the serving image on every rank at "
                    "once (~30 s, GPU and fabric busy), bus bandwidth against the expected figure")
-def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
+@click.option("--deep", is_flag=True,
+              help="also hash every checkpoint file on every rank (sha256, minutes per 100 GB) against "
+                   "`sparkstack manifest`'s, else the other ranks'")
+def check(loaded, as_json, verbose, trust_new_hosts, bandwidth, deep):
     """Preflight every rank, read-only: one table of rank × check.
 
     \b
@@ -789,7 +792,8 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
     --gpu-memory-utilization, as vLLM checks it), swap, sysctls, ulimits (what a
     container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
     fabric IP), cx7 firmware (same on all), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
-    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s),
+    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), load (the interface and
+    speed the checkpoint is read over, the cold-load estimate), disk, clock (≤ 1 s),
     api key (rank 0 only: the API asks for a key; warn when it takes none).
     Each row is pass / warn / fail with the measured value and, when not pass, the fix.
     --bandwidth adds a bandwidth row: 256 MiB bf16 all-reduces through torch.distributed/NCCL
@@ -800,13 +804,33 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
     """
     from ..check import check as check_mod
 
-    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth,  # say: a key it trusts
+    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth, deep=deep,  # say: a key it trusts
                            say=lambda line: err.print(line, markup=False, highlight=False))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         _print_check(check_mod, report, verbose)
     sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@with_cluster()
+@trust_option()
+def manifest(loaded, trust_new_hosts):
+    """Hash every checkpoint file once (sha256), shared out over the ranks at once, and keep the
+    manifest on this host ($XDG_STATE_HOME/sparkstack/manifests/, named after the checkpoint's
+    fingerprint): `check --deep` then names any rank whose shard differs from it."""
+    from ..check import check as check_mod, hashes
+    from ..transport import gather
+
+    with gather.open_group(loaded, trust_new=trust_new_hosts,
+                           say=lambda line: err.print(line, markup=False, highlight=False)) as group:
+        facts = check_mod.collect(loaded, group).facts
+        try:
+            path, sha = hashes.make(loaded, group, facts)
+        except ValueError as e:
+            raise SparkstackError(str(e)) from None
+    out.print(f"{len(sha)} files hashed; manifest {path}", markup=False)
 
 
 _STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", Status.FAIL: "[bold red]FAIL[/]"}
