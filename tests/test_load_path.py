@@ -77,3 +77,15 @@ def test_local_disk_and_what_is_not_known(fabric_facts):  # noqa: F811
     assert (p.iface, p.server) == ("enP7s7", None) and "server address not known" in p.assumed
     assert load_path.for_rank(0, dataclasses.replace(f, model_mount=None)) is None
     assert load_path.wait_timeout({}, 900) == 900
+
+
+def test_ranks_reading_one_server_share_its_port(sandbox_config, fabric_facts):  # noqa: F811
+    """Four ranks on one NFS server's 10G port get a quarter each: the issue's ~13+ min, not 5."""
+    inp = inputs(sandbox_config, fabric_facts, {r: nfs_from("192.168.1.5") for r in range(3)}
+                 | {3: nfs_from("192.168.177.5")})
+    plan = plan_inputs.build_plan(sandbox_config, inp.facts)
+    assert [plan.load[r].sharing for r in range(4)] == [3, 3, 3, 1]
+    assert plan.load[0].seconds == 900 and plan.wait_timeout(900) == 1800
+    r = row(check.evaluate(inp), 0, "load")
+    assert "(10 Gb/s, the server's port shared by 3 ranks): ~15.0 min cold" in r.value
+    assert "`up` waits 1800 s for the API" in r.value

@@ -836,7 +836,7 @@ def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
 def _check_load(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     """Which link carries the rank's checkpoint reads, and the cold load it makes (issue 15)."""
     nfs = inp.loaded.cluster.model.nfs
-    p = load_path.for_rank(r, f, nfs.server if nfs else None)
+    p = load_path.for_ranks(inp.facts, nfs.server if nfs else None).get(r)
     if p is None:
         rr.add("load", Status.WARN, "not estimated: the checkpoint or its mount was not read",
                "fix the checkpoint row first")
@@ -846,7 +846,7 @@ def _check_load(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         shown += f"; `up` waits {p.seconds * load_path.MARGIN:.0f} s for the API"
     if p.faster:
         name, speed = p.faster
-        fast = load_path.LoadPath(r, p.kind, p.bytes, p.source, p.server, name, speed)
+        fast = load_path.LoadPath(r, p.kind, p.bytes, p.source, p.server, name, speed, sharing=p.sharing)
         rr.add("load", Status.WARN, shown,
                f"the checkpoint is read over a {p.speed_mbps / 1000:g} Gb/s port while {name} runs at "
                f"{speed / 1000:g} Gb/s (~{load_path.minutes(fast.seconds)}): mount it from the file "

@@ -5,11 +5,14 @@ address from the mount's `addr=` option, the kernel's own choice), the route the
 to that server (/proc/net/route) and that interface's speed (sysfs). A local filesystem is read
 from the rank's own disk. The bytes a rank reads are the whole checkpoint: vLLM's default
 safetensors loader takes every tensor of every shard on every rank and keeps its own slice.
+The ranks reading from one file server share its port, taken as no faster than theirs (the
+server is not probed): four ranks on one 10G NFS port each get a quarter of it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
 from ipaddress import IPv4Address
 
 from .facts import Facts, Mount, route_to
@@ -35,12 +38,13 @@ class LoadPath:
     speed_mbps: int | None = None  # that interface's speed (sysfs); None: not known
     faster: tuple[str, int] | None = None  # an up interface at fabric speed the reads skip
     assumed: str = ""
+    sharing: int = 1  # ranks reading from the same server at once, sharing its port
 
     @property
     def bytes_per_s(self) -> float | None:
         if self.kind == "local":
             return LOCAL_DISK_BYTES_S
-        return self.speed_mbps * 1e6 / 8 * LINE_EFFICIENCY if self.speed_mbps else None
+        return self.speed_mbps * 1e6 / 8 * LINE_EFFICIENCY / self.sharing if self.speed_mbps else None
 
     @property
     def seconds(self) -> float | None:
@@ -53,7 +57,8 @@ class LoadPath:
             how = f"from the local disk ({self.source})"
         else:
             speed = f"{self.speed_mbps / 1000:g} Gb/s" if self.speed_mbps else "speed unknown"
-            how = f"from {self.source} over {self.iface or '?'} ({speed})"
+            shared = f", the server's port shared by {self.sharing} ranks" if self.sharing > 1 else ""
+            how = f"from {self.source} over {self.iface or '?'} ({speed}{shared})"
         took = f": ~{minutes(self.seconds)} cold" if self.seconds else ""
         return f"{size} {how}{took}" + (f" ({self.assumed})" if self.assumed and self.seconds else "")
 
@@ -101,6 +106,14 @@ def for_rank(r: int, f: Facts, nfs_server: str | None = None) -> LoadPath | None
     return LoadPath(r, "network", c.total_bytes, mount.source, server, iface, speed,
                     faster if speed and speed <= SLOW_PORT_MBPS else None,
                     f"{assumed}; {rate}" if assumed else rate)
+
+
+def for_ranks(facts: dict[int, Facts], nfs_server: str | None = None) -> dict[int, LoadPath]:
+    """Every probed rank's read path, the ranks reading from one server sharing its port."""
+    paths = {r: p for r, f in facts.items() if (p := for_rank(r, f, nfs_server))}
+    servers = Counter(p.server or p.source.partition(":")[0] for p in paths.values() if p.kind == "network")
+    return {r: replace(p, sharing=servers[p.server or p.source.partition(":")[0]]) if p.kind == "network" else p
+            for r, p in paths.items()}
 
 
 def wait_timeout(paths: dict[int, LoadPath], configured: float) -> float:

@@ -181,7 +181,7 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
     notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
                                                       len(cluster.ranks)) == "vllm-ray.j2" else []
     nfs = cluster.model.nfs.server if cluster.model.nfs else None
-    load = {r: p for r, f in facts.items() if (p := load_path.for_rank(r, f, nfs))}
+    load = load_path.for_ranks(facts, nfs)
     return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,
                 memory, free_floor, load)
 
