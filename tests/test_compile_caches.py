@@ -66,3 +66,25 @@ def test_size_and_purge_commands_on_a_real_tree(tmp_path):
     out = subprocess.run(["sh", "-c", caches.size_command(cluster(str(root / "never")))], capture_output=True, text=True)
     assert out.returncode == 0 and caches.parse_sizes(out.stdout) == {}
     assert caches.size_command(cluster(None)) is None and caches.purge_command(cluster(None)) is None
+
+
+def test_purge_runs_as_root_and_names_a_rank_that_refused():
+    from launcher.apply import engine_caches
+    from launcher.transport.remote import Group, Result, Target
+
+    class Rank:
+        def __init__(self, r, status, stderr=""):
+            self.target, self.status, self.stderr, self.asked = Target(r, f"spark{r + 1}", "10.0.0.1", user="spark"), status, stderr, []
+
+        def run(self, command, timeout=60.0, sudo=False, **kw):
+            self.asked.append((command, sudo))
+            return Result(self.target, self.status, "", self.stderr)
+
+    ranks = [Rank(0, 0), Rank(1, 1, "sudo: a password is required")]
+    loaded = SimpleNamespace(cluster=cluster("/var/cache/sparkstack"))
+    failed = engine_caches.purge(loaded, Group(ranks))
+    assert ranks[0].asked == [("rm -rf -- /var/cache/sparkstack/*", True)]
+    assert failed == ["rank 1 (spark2): cannot remove the compile caches under /var/cache/sparkstack (exited 1: "
+                      "sudo: a password is required); fix: give spark passwordless sudo, or remove that "
+                      "directory's contents as root"]
+    assert engine_caches.purge(SimpleNamespace(cluster=cluster(None)), Group(ranks)) == []
