@@ -10,7 +10,7 @@ import yaml
 
 from serving import cli
 
-COMPILE_S = 6
+COMPILE_S = 10
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_second_up_skips_the_compile_and_purge_makes_it_cold(sandbox, cfg):
     warm = up_seconds(cfg)
     for name in sandbox.names:
         assert "Directly load the compiled graph(s)" in engine_log(sandbox, name)
-    assert cold - warm > COMPILE_S * 0.6, (cold, warm)
+    assert cold - warm > COMPILE_S * 0.5, (cold, warm)  # the rest of `up` varies by seconds here
     print(f"\nup with a cold compile cache {cold:.1f} s, warm {warm:.1f} s")
     assert cli("down", "-c", cfg, "--purge-caches").exit_code == 0
     assert caches(cfg) == [{}] * 4
