@@ -214,7 +214,7 @@ def test_logs_follow_streams_and_stops_cleanly(sandbox):
 
 def test_status_table_one_row_per_rank(sandbox, tmp_path):
     """`status` with spark2 serving, spark3's container exited with code 3, spark4 unreachable:
-    one row per rank in rank order (rank, address, state, MemAvailable, image, since), the image
+    one row per rank in rank order (rank, address, state, MemAvailable, compile cache, image, since), the image
     column aligned, then the API's line; exit 0 since some rank answered."""
     doc = yaml.safe_load(Path(sandbox.config).read_text())
     doc["ranks"][3]["port"] = 1  # nothing listens there: refused at once
@@ -235,10 +235,15 @@ def test_status_table_one_row_per_rank(sandbox, tmp_path):
     addr = [r["address"] for r in doc["ranks"]]
     mem = [line.split("MemAvailable ")[1].split()[:2] if "MemAvailable " in line else None for line in lines]
     assert all(m and float(m[0]) > 0 and m[1] == "GiB" for m in mem[:3]) and mem[3] is None, lines
+    # each reachable rank's compile caches (issue 15): "empty", or their size in MiB
+    kept = [line.split("compile cache ")[1].split()[:1 if " cache empty" in line else 2] for line in lines[:3]]
+    assert all(k in (["empty"],) or (k[1] == "MiB" and float(k[0]) > 0) for k in kept), lines
     cells = [line.split() for line in lines]
-    assert cells[0] == ["rank", "0", addr[0], "absent", "MemAvailable", *mem[0]]
-    assert cells[1] == ["rank", "1", addr[1], "running", "MemAvailable", *mem[1], image, "since", started]
-    assert cells[2] == ["rank", "2", addr[2], "exited", "with", "code", "3", "MemAvailable", *mem[2], image]
+    assert cells[0] == ["rank", "0", addr[0], "absent", "MemAvailable", *mem[0], "compile", "cache", *kept[0]]
+    assert cells[1] == ["rank", "1", addr[1], "running", "MemAvailable", *mem[1], "compile", "cache", *kept[1],
+                        image, "since", started]
+    assert cells[2] == ["rank", "2", addr[2], "exited", "with", "code", "3", "MemAvailable", *mem[2],
+                        "compile", "cache", *kept[2], image]
     assert lines[3].startswith(f"rank 3 {addr[3]} ") and "rank 3 (spark4): " in lines[3]
     assert "unreachable (connection refused)" in lines[3]
     assert lines[1].index(image) == lines[2].index(image)  # one column
