@@ -54,9 +54,10 @@ def test_second_up_skips_the_compile_and_purge_makes_it_cold(sandbox, cfg):
     warm = up_seconds(cfg)
     for name in sandbox.names:
         assert "Directly load the compiled graph(s)" in engine_log(sandbox, name)
-    assert cold - warm > COMPILE_S * 0.5, (cold, warm)  # the rest of `up` varies by seconds here
-    print(f"\nup with a cold compile cache {cold:.1f} s, warm {warm:.1f} s")
     assert cli("down", "-c", cfg, "--purge-caches").exit_code == 0
     assert caches(cfg) == [{}] * 4
-    up_seconds(cfg)
+    purged = up_seconds(cfg)
     assert "Compiling a graph for dynamic shape takes" in engine_log(sandbox, sandbox.names[0])
+    print(f"\nup: cold compile cache {cold:.1f} s, warm {warm:.1f} s, cold again after --purge-caches {purged:.1f} s")
+    # the rest of `up` varies by seconds here
+    assert min(cold, purged) - warm > COMPILE_S * 0.5, (cold, warm, purged)
