@@ -236,11 +236,15 @@ def test_command_mounts_the_host_nccl_the_env_preloads(ring):
 
 
 def test_command_env_is_the_plans_serving_env(ring):
-    """The probe gets exactly the env `up` gives the engine, less the API key, plus its own five."""
+    """The probe gets exactly the env `up` gives the engine, less the API key and the compile
+    caches' paths (the probe mounts no cache), plus its own five."""
+    from launcher.plan import caches
+
     envs, _ = bandwidth.rank_envs(ring.loaded, ring.facts)
     served = plan_inputs.build_plan(ring.loaded, ring.facts)
     for r, rank_plan in enumerate(served.ranks):
-        want = {k: v for k, v in rank_plan.env.items() if k != "VLLM_API_KEY"}
+        assert set(caches.ENV) <= set(rank_plan.env)
+        want = {k: v for k, v in rank_plan.env.items() if k != "VLLM_API_KEY" and k not in caches.ENV}
         assert envs[r] == want
         job_env = bandwidth.job_env(envs[r], r, 4, "10.0.0.1", 1234)
         assert {k: v for k, v in job_env.items() if k not in bandwidth.JOB_ENV} == want

@@ -34,7 +34,7 @@ from launcher.facts import facts
 from launcher.transport import gather
 from launcher.cli.commands import main
 from launcher.facts.facts import (CdiSpec, Checkpoint, Clock, Docker, DockerUlimits, Driver, Gid, Gpu, GpuClocks, Image,
-                                  Limit, Memory, NcclLib, Ulimits)
+                                  Limit, Memory, Mount, NcclLib, Ulimits)
 
 GIB = 1 << 30
 IMAGE = "sparkstack/keys:0123456789abcdef"
@@ -100,6 +100,7 @@ def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:
                       (Image(IMAGE_ID, (IMAGE,), {}, 20 * GIB),)),
         checkpoint=Checkpoint("/models/glm53-sandbox", "c" * 64, "i" * 64, (("a.safetensors", 10),),
                               "f" * 64, 10),
+        model_mount=Mount("/models", "/dev/nvme0n1p2", "ext4", "rw,relatime"),
         gpu=Gpu("NVIDIA GB10", DRIVER, None), clock=Clock(1000.0, 1000.1, 1000.0, 1000.1), problems=(),
         driver=Driver(DRIVER, "13.0", DRIVER), gpu_clocks=GpuClocks(208, 3003), nvidia_ctk="1.17.8",
         cdi_specs=(CdiSpec("/etc/cdi/nvidia.yaml", DRIVER),))

@@ -87,7 +87,7 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     aside no further than their own states; no line ends in blanks. Each reachable rank's
     MemAvailable now (issue 14), `?` where it could not be read; --json carries it in bytes."""
     import contextlib
-    from launcher.apply import deploy, prep, serve
+    from launcher.apply import deploy, engine_caches, prep, serve
     from launcher.transport import api
     from test_check import sandbox_cluster
 
@@ -102,16 +102,20 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     asked, GIB = [], 1 << 30
     mem = {0: 117 * GIB, 1: 10 * GIB + GIB // 2, 2: "rank 2 (spark3): timed out"}
     monkeypatch.setattr(prep, "read_mem_available", lambda group, ranks: asked.append(ranks) or mem)
+    # each reachable rank's compile caches (issue 15), by image; `?` where they could not be read
+    cache = {0: {}, 1: {"img-1": 3 << 20, "img-0": 1 << 19}, 2: "rank 2 (spark3): timed out"}
+    monkeypatch.setattr(engine_caches, "sizes", lambda loaded, group, ranks: asked.append(ranks) or cache)
     cfg = str(sandbox_cluster(tmp_path).path)
     lines = cli("status", "-c", cfg).output.splitlines()
-    assert asked == [[0, 1, 2]]  # not the unreachable rank
-    assert lines[:4] == ["rank 0 172.31.240.11  absent              MemAvailable 117.0 GiB",
-                         "rank 1 172.31.240.12  running             MemAvailable 10.5 GiB   img:1  since 2026-01-01T00:00:00Z",
-                         "rank 2 172.31.240.13  exited with code 3  MemAvailable ?          img:1",
-                         f"rank 3 172.31.240.14  unreachable                                        {why}"]
+    assert asked == [[0, 1, 2]] * 2  # not the unreachable rank
+    assert lines[:4] == ["rank 0 172.31.240.11  absent              MemAvailable 117.0 GiB  compile cache empty",
+                         "rank 1 172.31.240.12  running             MemAvailable 10.5 GiB   compile cache 3.5 MiB  img:1  since 2026-01-01T00:00:00Z",
+                         "rank 2 172.31.240.13  exited with code 3  MemAvailable ?          compile cache ?        img:1",
+                         f"rank 3 172.31.240.14  unreachable                                                               {why}"]
     assert lines[4] == "API http://172.31.240.11:8888: not answering" and len(lines) == 5
     assert json.loads(cli("status", "-c", cfg, "--json").output)["ranks"] == [
-        {**s.to_json(), "mem_available": [117 * GIB, 10 * GIB + GIB // 2, None, None][s.rank]} for s in states]
+        {**s.to_json(), "mem_available": [117 * GIB, 10 * GIB + GIB // 2, None, None][s.rank],
+         "compile_cache": [{}, cache[1], None, None][s.rank]} for s in states]
 
 
 # --- on the sandbox -----------------------------------------------------------------------------
@@ -210,7 +214,7 @@ def test_logs_follow_streams_and_stops_cleanly(sandbox):
 
 def test_status_table_one_row_per_rank(sandbox, tmp_path):
     """`status` with spark2 serving, spark3's container exited with code 3, spark4 unreachable:
-    one row per rank in rank order (rank, address, state, MemAvailable, image, since), the image
+    one row per rank in rank order (rank, address, state, MemAvailable, compile cache, image, since), the image
     column aligned, then the API's line; exit 0 since some rank answered."""
     doc = yaml.safe_load(Path(sandbox.config).read_text())
     doc["ranks"][3]["port"] = 1  # nothing listens there: refused at once
@@ -231,10 +235,15 @@ def test_status_table_one_row_per_rank(sandbox, tmp_path):
     addr = [r["address"] for r in doc["ranks"]]
     mem = [line.split("MemAvailable ")[1].split()[:2] if "MemAvailable " in line else None for line in lines]
     assert all(m and float(m[0]) > 0 and m[1] == "GiB" for m in mem[:3]) and mem[3] is None, lines
+    # each reachable rank's compile caches (issue 15): "empty", or their size in MiB
+    kept = [line.split("compile cache ")[1].split()[:1 if " cache empty" in line else 2] for line in lines[:3]]
+    assert all(k in (["empty"],) or (k[1] == "MiB" and float(k[0]) > 0) for k in kept), lines
     cells = [line.split() for line in lines]
-    assert cells[0] == ["rank", "0", addr[0], "absent", "MemAvailable", *mem[0]]
-    assert cells[1] == ["rank", "1", addr[1], "running", "MemAvailable", *mem[1], image, "since", started]
-    assert cells[2] == ["rank", "2", addr[2], "exited", "with", "code", "3", "MemAvailable", *mem[2], image]
+    assert cells[0] == ["rank", "0", addr[0], "absent", "MemAvailable", *mem[0], "compile", "cache", *kept[0]]
+    assert cells[1] == ["rank", "1", addr[1], "running", "MemAvailable", *mem[1], "compile", "cache", *kept[1],
+                        image, "since", started]
+    assert cells[2] == ["rank", "2", addr[2], "exited", "with", "code", "3", "MemAvailable", *mem[2],
+                        "compile", "cache", *kept[2], image]
     assert lines[3].startswith(f"rank 3 {addr[3]} ") and "rank 3 (spark4): " in lines[3]
     assert "unreachable (connection refused)" in lines[3]
     assert lines[1].index(image) == lines[2].index(image)  # one column

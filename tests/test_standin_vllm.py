@@ -612,3 +612,24 @@ def test_ray_version_and_usage(tmp_path):
     done = subprocess.run([sys.executable, str(RAY), "--version"], capture_output=True, text=True, timeout=10)
     assert done.returncode == 0 and done.stdout.startswith("ray, version ")
     assert subprocess.run([sys.executable, str(RAY), "status"], capture_output=True, timeout=10).returncode == 2
+
+
+def test_compile_on_an_empty_cache_then_read_it_back(tmp_path):
+    """torch.compile costs SANDBOX_VLLM_COMPILE_S on an empty VLLM_CACHE_ROOT and leaves its
+    graphs (and a Triton kernel) there; the next start finds them and skips the compile."""
+    cache = tmp_path / "cache"
+    env = {"SANDBOX_VLLM_COMPILE_S": "1.5", "VLLM_CACHE_ROOT": str(cache / "vllm"),
+           "TRITON_CACHE_DIR": str(cache / "triton")}
+    times = []
+    for attempt in ("cold", "warm"):
+        started = time.monotonic()
+        server = Standin(tmp_path, [], env).wait_healthy()  # one model: one compile key
+        times.append(time.monotonic() - started)
+        assert server.stop() == 0, server.stderr
+        if attempt == "cold":
+            assert "Compiling a graph for dynamic shape takes 1.5" in server.stderr
+            assert list(cache.glob("vllm/torch_compile_cache/*/rank_0_0/backbone/compiled.json"))
+            assert list((cache / "triton").iterdir())
+        else:
+            assert "Directly load the compiled graph(s) for dynamic shape from the cache" in server.stderr
+    assert times[0] - times[1] > 1.0, times

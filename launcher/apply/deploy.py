@@ -78,6 +78,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("prepared the nodes")
     say("checking every rank")
     the_plan = check.plan_or_refuse(loaded, group)  # the image row is settled below
+    wait_timeout = the_plan.wait_timeout(wait_timeout)  # a slow checkpoint link waits longer (issue 15)
     report.steps.append("checked every rank")
     current = serve.states(group)
     if serve.is_current(current, the_plan) and not restart:

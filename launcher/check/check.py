@@ -32,7 +32,7 @@ from ipaddress import IPv4Address, ip_interface
 
 from .. import onrank
 from ..errors import SparkstackError
-from ..facts import fabric
+from ..facts import fabric, load_path
 from ..facts.facts import UNLIMITED, Facts
 from ..inputs import apikey, node_settings, vllm_guard
 from ..inputs.config import Loaded, no_swap
@@ -45,8 +45,8 @@ from ..transport.gather import RankFacts
 
 ORDER = ("ssh", "docker", "image", "gpu", "driver", "nvidia runtime", "gpu clock", "kernel", "memory", "vllm guard",
          "free while serving", "swap", "sysctls", "ulimits", "link", "roce", "cx7 firmware", "mtu", "peers", "jumbo",
-         "nccl", "checkpoint", "disk", "clock", "api key")
-OPTIONAL = ("bandwidth",)  # rows only on request, after ORDER: `check --bandwidth` (add_bandwidth)
+         "nccl", "checkpoint", "load", "disk", "clock", "api key")
+OPTIONAL = ("bandwidth", "hashes")  # rows only on request, after ORDER: `check --bandwidth`, `--deep`
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
 SWAP_USED_WARN = 256 << 20
@@ -54,6 +54,7 @@ DISK_FLOOR = 20 * GIB  # room for a new chain stage and the logs, beyond any ima
 SEED_NOFILE = node_settings.NOFILE
 CAP_SYS_RESOURCE = 24  # lets dockerd raise a container's limits above its own
 PING_WAIT_S = 1
+DEFAULT_WAIT_S = 900  # `up --timeout`: a longer cold load is said on the load row
 _LINK_FINDINGS = ("fabric ip", "link", "speed", "sockets")
 _ROCE_FINDINGS = ("rdma", "roce gid", "twin", "gid index", "ring ports")
 
@@ -832,6 +833,32 @@ def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("checkpoint", Status.PASS, shown + (", same on all ranks" if len(prints) == 1 else ""))
 
 
+def _check_load(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """Which link carries the rank's checkpoint reads, and the cold load it makes (issue 15)."""
+    nfs = inp.loaded.cluster.model.nfs
+    p = load_path.for_ranks(inp.facts, nfs.server if nfs else None).get(r)
+    if p is None:
+        rr.add("load", Status.WARN, "not estimated: the checkpoint or its mount was not read",
+               "fix the checkpoint row first")
+        return
+    shown = p.describe()
+    if p.seconds and p.seconds * load_path.MARGIN > DEFAULT_WAIT_S:
+        shown += f"; `up` waits {p.seconds * load_path.MARGIN:.0f} s for the API"
+    if p.faster:
+        name, speed = p.faster
+        fast = load_path.LoadPath(r, p.kind, p.bytes, p.source, p.server, name, speed, sharing=p.sharing)
+        rr.add("load", Status.WARN, shown,
+               f"the checkpoint is read over a {p.speed_mbps / 1000:g} Gb/s port while {name} runs at "
+               f"{speed / 1000:g} Gb/s (~{load_path.minutes(fast.seconds)}): mount it from the file "
+               f"server's address on that network (model.nfs.server, then `sparkstack prep`), or stage "
+               "it on the local disk")
+    elif p.seconds is None:
+        rr.add("load", Status.WARN, shown, f"the speed of {p.iface or 'the interface'} is not reported "
+               "(sysfs): no cold-load estimate; `up` waits its --timeout")
+    else:
+        rr.add("load", Status.PASS, shown)
+
+
 def _nfs_fix(loaded: Loaded, f: Facts) -> str:
     """Reading the model dir hung: the server to look at, and the mount that bounds the hang."""
     path, nfs = loaded.cluster.model.path, loaded.cluster.model.nfs
@@ -958,10 +985,21 @@ def add_bandwidth(report: Report, inp: Inputs, group) -> None:
             rr.add("bandwidth", f.status, f.value, f.fix)
 
 
+def add_hashes(report: Report, inp: Inputs, group) -> None:
+    """`check --deep`: every rank hashes its checkpoint files (launcher/check/hashes.py)."""
+    from . import hashes
+
+    found = hashes.verify(inp.loaded, group, inp.facts)
+    for rr in report.ranks:
+        if rr.rank in found:
+            f = found[rr.rank]
+            rr.add("hashes", f.status, f.value, f.fix)
+
+
 def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None,
-        bandwidth: bool = False) -> Report:
+        bandwidth: bool = False, deep: bool = False) -> Report:
     """The whole `check`: connect (one attempt each, the config's connect timeout), collect,
-    evaluate; with `bandwidth`, the all-reduce row too."""
+    evaluate; with `bandwidth`, the all-reduce row too; with `deep`, the checkpoint's hashes."""
     import time
 
     from ..transport import gather
@@ -972,6 +1010,8 @@ def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, sa
         report = evaluate(inp)
         if bandwidth:
             add_bandwidth(report, inp, group)
+        if deep:
+            add_hashes(report, inp, group)
     report.seconds = time.monotonic() - started
     return report
 

@@ -116,6 +116,8 @@ def _print_plan(loaded, result, data, show_secrets: bool) -> None:
         out.print("  env     " + " ".join(f"{k}={v if v == redact.MASK else shlex.quote(v)}"
                                        for k, v in rank["env"].items()))
         out.print("  run     " + shlex.join(rank["docker_run"] + rank["engine"]))
+        if rank["rank"] in result.load:
+            out.print("  load    " + result.load[rank["rank"]].describe(), markup=False)
     sizing = result.kv
     if sizing:
         out.print(f"\n[bold]KV[/]      {sizing.bytes_per_token:,} B/token per rank, "
@@ -546,7 +548,7 @@ def ansible_inventory(loaded, fmt):
 @click.option("--keep", is_flag=True,
               help="then keep it serving: watch every rank and the API, re-deploy on a failure (keep: in the config)")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
-              help="seconds to wait for the API once started")
+              help="seconds to wait for the API once started (longer when the slowest rank's cold-load estimate x 2 is; see `check`'s load row)")
 def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
@@ -608,16 +610,23 @@ def _say_how_to_authenticate(loaded) -> None:
 @with_cluster()
 @trust_option()
 @lock_option
-def down(loaded, trust_new_hosts, wait_lock):
+@click.option("--purge-caches", is_flag=True,
+              help="also remove every rank's compile caches (container.cache_dir): the next start compiles afresh")
+def down(loaded, trust_new_hosts, wait_lock, purge_caches):
     """Stop and remove the serving container on every rank (fine when nothing runs)."""
-    from ..apply import cluster_lock, deploy
+    from ..apply import cluster_lock, deploy, engine_caches
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         failed = deploy.down(loaded, group, say)
-    if failed:
-        raise SparkstackError(f"could not stop the container on {', '.join(failed)}")
-    out.print("stopped on every rank")
+        if failed:
+            raise SparkstackError(f"could not stop the container on {', '.join(failed)}"
+                                  + ("; the compile caches were left alone" if purge_caches else ""))
+        not_purged = engine_caches.purge(loaded, group) if purge_caches else []
+    if not_purged:
+        raise SparkstackError("stopped on every rank, but:\n" + "\n".join(not_purged))
+    out.print("stopped on every rank" + (f"; compile caches under {loaded.cluster.container.cache_dir} removed"
+                                         if purge_caches and loaded.cluster.container.cache_dir else ""))
 
 
 @main.command()
@@ -629,22 +638,26 @@ def status(loaded, as_json, trust_new_hosts):
     image, and the API on rank 0; with a supervisor (`up --keep`), its restarts and the last
     cause it found."""
     from ..transport import api
-    from ..apply import deploy, prep, serve
+    from ..apply import deploy, engine_caches, prep, serve
 
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
-        mem = prep.read_mem_available(group, [s.rank for s in states if s.state != "unreachable"])
+        reached = [s.rank for s in states if s.state != "unreachable"]
+        mem = prep.read_mem_available(group, reached)
+        cache = engine_caches.sizes(loaded, group, reached)
     ep = api.endpoint(loaded)
     from ..apply import supervisor
 
     available = {r: v if isinstance(v, int) else None for r, v in mem.items()}
-    data = {"ranks": [{**s.to_json(), "mem_available": available.get(s.rank)} for s in states],
+    data = {"ranks": [{**s.to_json(), "mem_available": available.get(s.rank),
+                       "compile_cache": cache.get(s.rank) if isinstance(cache.get(s.rank), dict) else None}
+                      for s in states],
             "api": {"url": ep.url, "healthy": api.health(ep)},
             "keep": supervisor.summary(supervisor.log_path(loaded))}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_ranks([_status_row(s, mem.get(s.rank)) for s in states])
+        _print_ranks([_status_row(s, mem.get(s.rank), cache.get(s.rank)) for s in states])
         out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
         if data["keep"]:
             k = data["keep"]
@@ -656,15 +669,18 @@ def status(loaded, as_json, trust_new_hosts):
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
 
 
-def _status_row(s, mem: int | str | None) -> tuple:
+def _status_row(s, mem: int | str | None, cache: dict[str, int] | str | None = None) -> tuple:
     """A rank's row; why a rank is unreachable (or unknown) goes last, where a long text pushes
-    no other column aside. `mem`: its MemAvailable, or why it could not be read."""
+    no other column aside. `mem`: its MemAvailable, or why it could not be read; `cache`: its
+    compile caches' bytes by image (engine_caches.sizes)."""
     from ..plan.kv import gib
 
     shown = "" if mem is None else f"MemAvailable {gib(mem) if isinstance(mem, int) else '?'}"
     if s.state in ("unreachable", "unknown"):
-        return s.rank, s.host, s.state, shown, s.image, s.describe()
-    return (s.rank, s.host, s.describe(), shown, s.image,
+        return s.rank, s.host, s.state, shown, "", s.image, s.describe()
+    kept = "" if cache is None else "compile cache " + (
+        "?" if isinstance(cache, str) else f"{sum(cache.values()) / 2**20:.1f} MiB" if cache else "empty")
+    return (s.rank, s.host, s.describe(), shown, kept, s.image,
             f"since {s.started_at}" if s.state == "running" else "")
 
 
@@ -761,7 +777,10 @@ def _probe_for_plan(loaded):
 @click.option("--bandwidth", is_flag=True,
               help="also measure the fabric: an NCCL all-reduce in the serving image on every rank at "
                    "once (~30 s, GPU and fabric busy), bus bandwidth against the expected figure")
-def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
+@click.option("--deep", is_flag=True,
+              help="also hash every checkpoint file on every rank (sha256, minutes per 100 GB) against "
+                   "`sparkstack manifest`'s, else the other ranks'")
+def check(loaded, as_json, verbose, trust_new_hosts, bandwidth, deep):
     """Preflight every rank, read-only: one table of rank × check.
 
     \b
@@ -773,7 +792,8 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
     --gpu-memory-utilization, as vLLM checks it), swap, sysctls, ulimits (what a
     container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
     fabric IP), cx7 firmware (same on all), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
-    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), disk, clock (≤ 1 s),
+    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), load (the interface and
+    speed the checkpoint is read over, the cold-load estimate), disk, clock (≤ 1 s),
     api key (rank 0 only: the API asks for a key; warn when it takes none).
     Each row is pass / warn / fail with the measured value and, when not pass, the fix.
     --bandwidth adds a bandwidth row: 256 MiB bf16 all-reduces through torch.distributed/NCCL
@@ -784,13 +804,33 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth):
     """
     from ..check import check as check_mod
 
-    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth,  # say: a key it trusts
+    report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth, deep=deep,  # say: a key it trusts
                            say=lambda line: err.print(line, markup=False, highlight=False))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         _print_check(check_mod, report, verbose)
     sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@with_cluster()
+@trust_option()
+def manifest(loaded, trust_new_hosts):
+    """Hash every checkpoint file once (sha256), shared out over the ranks at once, and keep the
+    manifest on this host ($XDG_STATE_HOME/sparkstack/manifests/, named after the checkpoint's
+    fingerprint): `check --deep` then names any rank whose shard differs from it."""
+    from ..check import check as check_mod, hashes
+    from ..transport import gather
+
+    with gather.open_group(loaded, trust_new=trust_new_hosts,
+                           say=lambda line: err.print(line, markup=False, highlight=False)) as group:
+        facts = check_mod.collect(loaded, group).facts
+        try:
+            path, sha = hashes.make(loaded, group, facts)
+        except ValueError as e:
+            raise SparkstackError(str(e)) from None
+    out.print(f"{len(sha)} files hashed; manifest {path}", markup=False)
 
 
 _STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", Status.FAIL: "[bold red]FAIL[/]"}

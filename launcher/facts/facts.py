@@ -24,7 +24,7 @@ import types
 import typing
 from dataclasses import dataclass
 from functools import cache
-from ipaddress import IPv4Address, IPv6Address, ip_interface
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, ip_interface
 from pathlib import PurePosixPath
 
 from .. import onrank
@@ -159,6 +159,16 @@ class Docker:
 
 
 @dataclass(frozen=True)
+class Route:
+    """One IPv4 route of /proc/net/route that is up."""
+
+    iface: str
+    dest: str  # CIDR, e.g. "10.0.0.0/16" (a string: Facts travel as JSON)
+    gateway: str | None  # None: on-link
+    metric: int
+
+
+@dataclass(frozen=True)
 class Mount:
     target: str
     source: str
@@ -274,6 +284,7 @@ class Facts:
     problems: tuple[str, ...] = ()  # sources that were missing or unreadable, one line each
     ssh_address: str | None = None  # the rank's address the kit's SSH connection arrived at
     default_route_if: str | None = None  # the interface of the IPv4 default route
+    routes: tuple[Route, ...] = ()  # the IPv4 routes that are up (/proc/net/route)
     nccl_lib: NcclLib | None = None  # only when nccl.host_lib is configured
     page_size: int | None = None  # bytes: 4096, or 65536 on a 64k-page kernel
     driver: Driver | None = None  # None: no NVIDIA driver seen (no nvidia-smi, no module)
@@ -652,6 +663,38 @@ def parse_default_route(text: str | None) -> str | None:
     return best[1] if best else None
 
 
+def _le_ipv4(hexa: str) -> str:
+    """/proc/net/route's addresses: 8 hex digits, the bytes in the host's (little-endian) order."""
+    return str(IPv4Address(int.from_bytes(bytes.fromhex(hexa), "little")))
+
+
+def parse_routes(text: str | None) -> tuple[Route, ...]:
+    """/proc/net/route: every IPv4 route that is up (flag RTF_UP); unreadable lines are skipped."""
+    routes = []
+    for line in text.splitlines()[1:] if isinstance(text, str) else ():
+        cols = line.split()
+        try:
+            if len(cols) < 8 or not int(cols[3], 16) & 1:
+                continue
+            dest = str(IPv4Network(f"{_le_ipv4(cols[1])}/{_le_ipv4(cols[7])}", strict=False))
+            gateway = _le_ipv4(cols[2]) if int(cols[2], 16) else None
+            routes.append(Route(cols[0], dest, gateway, int(cols[6])))
+        except ValueError:
+            continue
+    return tuple(routes)
+
+
+def route_to(routes: tuple[Route, ...], address: str) -> Route | None:
+    """The route the kernel takes to `address`: the longest prefix, then the lowest metric."""
+    try:
+        ip = IPv4Address(address)
+    except ValueError:
+        return None
+    nets = [(IPv4Network(r.dest), r) for r in routes]
+    matching = [(net, r) for net, r in nets if ip in net]
+    return min(matching, key=lambda m: (-m[0].prefixlen, m[1].metric))[1] if matching else None
+
+
 _NCCL_VERSION = re.compile(r"^NCCL version (\d+\.\d+\.\d+\S*)")
 _SONAME_VERSION = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")
 
@@ -932,6 +975,7 @@ def parse_facts(raw: dict, sent: float | None = None, received: float | None = N
         problems=tuple(problems),
         ssh_address=_part("ssh_connection", "ssh_address", parse_ssh_connection, raw.get("ssh_connection")),
         default_route_if=_part("route", "default_route_if", parse_default_route, raw.get("route")),
+        routes=_part("route", "routes", parse_routes, raw.get("route")),
         nccl_lib=_part("nccl_lib", "nccl_lib", parse_nccl_lib, raw.get("nccl_lib")),
         page_size=_part("page_size", "page_size", parse_page_size, raw.get("page_size")),
         driver=_part("nvidia driver", "driver", parse_driver, cmds.get("nvidia_smi_clocks"),

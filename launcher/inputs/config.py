@@ -146,6 +146,9 @@ class ContainerSettings(Strict):
     nofile: PositiveInt = 1048576
     memlock: int = Field(-1, ge=-1)  # bytes; -1 = unlimited
     shm_size: str = "16g"
+    # the engine's compile caches (vLLM, inductor, Triton, FlashInfer, CUDA's JIT) kept on each
+    # rank across boots, one directory per serving image (launcher/plan/caches.py); null: none
+    cache_dir: MountPath | None = "/var/cache/sparkstack"
 
 
 class MemoryGuardSettings(Strict):

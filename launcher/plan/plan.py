@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from . import engine, kv
+from . import caches, engine, kv
 from .. import redact
 from ..errors import ConfigError, PlanRefused, SparkstackError
-from ..facts import fabric
+from ..facts import fabric, load_path
 from ..facts.checkpoint import ModelShape, WeightSplit
 from ..facts.facts import Facts
 from ..inputs import apikey, vllm_flags, vllm_guard
@@ -101,6 +101,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what the user should know before `up`
     memory: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (MemTotal, MemAvailable)
     free_floor: int = 0  # `plan` refuses a rank expected to keep less free while serving
+    load: dict[int, load_path.LoadPath] = field(default_factory=dict)  # each probed rank's checkpoint reads
+
+    def wait_timeout(self, configured: float) -> float:
+        """`up`'s wait for the API: the configured one, or the slowest cold load × its margin."""
+        return load_path.wait_timeout(self.load, configured)
 
     def serving(self) -> list[dict]:
         """Per rank: the KV pool and the memory expected free while serving (kv.py)."""
@@ -128,6 +133,7 @@ class Plan:
                    "free_floor": self.free_floor, "per_rank": self.serving()},
             "vllm_guard": self.guard.to_json() if self.guard else None,
             "api": self.api.to_json(reveal_secrets) if self.api else None,
+            "load": [p.to_json() for _, p in sorted(self.load.items())],
             "assumed": self.assumed,
             "notes": self.notes,
         }
@@ -170,11 +176,14 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
         managed.append(vllm_flags.Flag("--gpu-memory-utilization", (str(guard.utilization),)))
     master = rendezvous(loaded, fabric_env)
     ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master,
-                        key.value) for r in range(len(cluster.ranks))]
+                        key.value, _prebuilt_id(loaded, image, facts.get(r)))
+             for r in range(len(cluster.ranks))]
     notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
                                                       len(cluster.ranks)) == "vllm-ray.j2" else []
+    nfs = cluster.model.nfs.server if cluster.model.nfs else None
+    load = load_path.for_ranks(facts, nfs)
     return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,
-                memory, free_floor)
+                memory, free_floor, load)
 
 
 def _refuse_below_floor(loaded: Loaded, sizing: kv.KvSizing, memory: dict[int, tuple[int, int]],
@@ -383,10 +392,20 @@ def _host_ip(loaded: Loaded, r: int, fabric_env: dict[str, str]) -> str:
     return fabric_env.get("VLLM_HOST_IP") or rank.address
 
 
+def _prebuilt_id(loaded: Loaded, image: str, f: Facts | None) -> str | None:
+    """A prebuilt ref's image ID on the rank, which keys its compile cache (caches.py): the tag
+    can move to another image. A built image's content tag already changes with its content."""
+    if not loaded.profile.image.prebuilt or not f or not f.docker:
+        return None
+    found = f.docker.image(image)
+    return found.id if found else None
+
+
 def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag],
-               fabric_env: dict[str, str], master: str, api_key: str | None) -> RankPlan:
-    env = rank_env(loaded, r, fabric_env, api_key)
-    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image),
+               fabric_env: dict[str, str], master: str, api_key: str | None,
+               image_id: str | None = None) -> RankPlan:
+    env = {**caches.env(loaded.cluster), **rank_env(loaded, r, fabric_env, api_key)}  # the config's env wins
+    return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, image_id),
                     _engine_argv(loaded, r, flags, _host_ip(loaded, r, fabric_env), master))
 
 
@@ -444,14 +463,16 @@ def host_settings(c: ContainerSettings) -> list[str]:
     return argv
 
 
-def _docker_run(loaded: Loaded, r: int, image: str) -> list[str]:
+def _docker_run(loaded: Loaded, r: int, image: str, image_id: str | None = None) -> list[str]:
     """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
     RDMA devices, NCCL-sized ulimits, first in line for the OOM killers (OOM_SCORE_ADJ), the
-    checkpoint read-only at the same path; its environment on stdin (env_file)."""
+    checkpoint read-only at the same path, the image's compile caches (caches.py); its
+    environment on stdin (env_file)."""
     model = loaded.cluster.model.path
     argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container),
             "--oom-score-adj", str(OOM_SCORE_ADJ)]
     argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
+             *caches.mounts(loaded.cluster, image, image_id),
              "--label", f"org.sparkstack.profile={loaded.profile.name}",
              "--label", f"org.sparkstack.cluster={cluster_name(loaded)}",
              "--label", f"org.sparkstack.rank={r}", *ENV_FROM_STDIN]
