@@ -80,7 +80,7 @@ def test_init_on_a_bare_ring_then_check_and_up(bare, tmp_path):
         ["192.168.177.9", "192.168.177.6"], ["192.168.177.13", "192.168.177.10"]]
     # check ran: everything but the serving image (not shipped yet) passes or warns
     for row in ("roce", "mtu", "peers", "jumbo", "link", "checkpoint"):
-        assert f"FAIL rank" not in "\n".join(l for l in out.splitlines() if f" {row}:" in l), out
+        assert "FAIL rank" not in "\n".join(l for l in out.splitlines() if f" {row}:" in l), out
 
     ship = sparkstack("ship", "-c", str(cfg))
     assert ship.returncode == 0, ship.stdout + ship.stderr

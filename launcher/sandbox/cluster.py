@@ -767,11 +767,16 @@ BARE_SSHD = "PasswordAuthentication yes\n"  # sshd_config.d/00-bare.conf: read f
 
 
 def _bare_rank(container, password: str) -> None:
-    """A password login for USER (no authorized key: prepare_state left it empty), and the
-    kernel's stand-in that gives an addressed port its IPv4 RoCE GIDs."""
+    """A password login for USER, no authorized key (prepare_state left the rank's empty; one
+    `init` installed is removed), no fabric address, and the kernel's stand-in that gives an
+    addressed port its IPv4 RoCE GIDs."""
+    netdevs = " ".join(sorted({nd for _h, nd, _p, _d in fabric.HCAS}))
     script = (f"echo {USER}:{password} | chpasswd && "
               f"printf '{BARE_SSHD}' > /etc/ssh/sshd_config.d/00-bare.conf && "
-              "kill -HUP $(pgrep -o -x sshd)")
+              "kill -HUP $(pgrep -o -x sshd) && "
+              # every `up --bare` is a Spark before `init` again: no key, no fabric address
+              f": > /home/{USER}/.ssh/authorized_keys && rm -f /etc/netplan/60-sparkstack-fabric.yaml && "
+              f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; done; true")
     res = container.exec_run(["sh", "-c", script])
     if res.exit_code != 0:
         raise SandboxError(f"{container.name}: cannot enable the password login: "
