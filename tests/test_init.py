@@ -90,3 +90,33 @@ def test_init_on_a_bare_ring_then_check_and_up(bare, tmp_path):
     assert up.returncode == 0, up.stdout + up.stderr
     down = sparkstack("down", "-c", str(cfg))
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_init_on_a_bare_switch_finds_each_ranks_switch_port(bare, tmp_path):
+    """Cabled to one switch instead: every rank's one cabled port (spark3's is its second) sees
+    all the others; one subnet, rank r holds host r+1."""
+    from launcher.sandbox import cluster
+
+    state, _ = bare
+    result = cluster.up(cabling="switch", progress=lambda m: None)
+    try:
+        p = cluster.paths(state)
+        hosts = [r["address"] for r in result["ranks"]]
+        cfg = tmp_path / "cluster.yaml"
+        res = sparkstack("init", *hosts, "--user", "spark", "--key", str(p["key"]), "--known-hosts",
+                         str(tmp_path / "known_hosts"), "--trust-new-hosts", "--password-stdin",
+                         "--profile", "sandbox", "--model-path", cluster.MODEL_PATH, "--sysfs-root",
+                         cluster.SYSFS_ROOT, "-o", str(cfg), "--yes", "--dry-run", "--json",
+                         stdin=p["password"].read_text())
+        assert res.returncode == 0, res.stdout + res.stderr
+        import json
+
+        got = json.loads(res.stdout)
+        assert got["cabling"] == {"topology": "switch", "cables": [], "problems": [],
+                                  "switch_ports": {"0": "enp1s0f0np0", "1": "enp1s0f0np0",
+                                                   "2": "enp1s0f1np1", "3": "enp1s0f0np0"}}
+        assert [a["address"] for a in got["addresses"]] == [f"192.168.177.{r + 1}/24" for r in range(4)]
+        assert "    enp1s0f1np1:\n      mtu: 9000\n      addresses: [192.168.177.3/24]\n" in res.stderr
+        assert not cfg.exists()  # --dry-run writes nothing
+    finally:
+        cluster.up(cabling="ring", progress=lambda m: None)
