@@ -57,26 +57,28 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     from ..transport.remote import Target
 
     if output.exists() and not (force or dry_run):
-        raise hosts_mod.InitError(f"{output} exists; pass --force to overwrite it or -o another path")
+        raise hosts_mod.InitInputError(f"{output} exists; pass --force to overwrite it or -o another path")
     password = sys.stdin.readline().rstrip("\n") if password_stdin else None
     ask = hosts_mod.Prompts(
         say=_say,
         confirm=(lambda q: False) if yes else (lambda q: click.confirm(q, err=True)),
         password=(lambda q: password) if (password_stdin or yes) else (lambda q: getpass.getpass(q + ": ")))
     user = user or getpass.getuser()
+    if yes and not (profile_name and model_path):
+        missing = [f for f, v in (("--profile", profile_name), ("--model-path", model_path)) if not v]
+        raise hosts_mod.InitInputError(f"--yes asks nothing, and {' and '.join(missing)} "
+                                       f"{'are' if len(missing) > 1 else 'is'} missing: pass the "
+                                       "serving profile (`sparkstack profiles`) and the checkpoint directory")
     if not profile_name:
-        profile_name = "keys-1m-dcp4" if yes else click.prompt(
-            f"profile ({', '.join(profile_names())})", default="keys-1m-dcp4", err=True)
+        profile_name = click.prompt(f"profile ({', '.join(profile_names())})", default="keys-1m-dcp4", err=True)
     if not model_path:
-        if yes:
-            raise hosts_mod.InitError("--model-path is missing: the checkpoint directory, the same path on every rank")
         model_path = click.prompt("checkpoint directory (the same path on every rank)", err=True)
     answers = bringup.Answers(user=user, key=key.expanduser(), known_hosts=known_hosts.expanduser(),
                               profile=profile_name, model_path=model_path, output=output,
                               fabric_net=fabric_net, sysfs_root=sysfs_root,
                               extra=yaml.safe_load(merge.read_text()) if merge else {})
     if not answers.key.exists():
-        raise hosts_mod.InitError(f"no key {answers.key}; make one with `ssh-keygen -t ed25519` or pass --key")
+        raise hosts_mod.InitInputError(f"no key {answers.key}; make one with `ssh-keygen -t ed25519` or pass --key")
 
     cache: dict = {}
     logins = {}
@@ -92,7 +94,8 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     from ..transport import gather
 
     with gather.open_group(loaded) as group:
-        sudo = [p for p in (hosts_mod.sudo_problem(c, user) for c in group.connections) if p]
+        sudo = [p for p in (hosts_mod.sudo_problem(c, user, f"rank {i} ({hosts[i]})")
+                            for i, c in enumerate(group.connections)) if p]
     for line in sudo:
         _say(line)
     tables = bringup.neighbours(loaded, facts)

@@ -21,6 +21,11 @@ class InitError(SparkstackError):
     pass
 
 
+class InitInputError(SparkstackError):
+    """A missing or wrong answer (a flag): bad input, exit 2."""
+    exit_code = 2
+
+
 @dataclass
 class Prompts:
     """How init asks: the CLI passes click's; tests and --yes pass answers."""
@@ -117,10 +122,10 @@ def _install_key(c: paramiko.SSHClient, public: str, label: str) -> None:
                         "install it by hand with ssh-copy-id")
 
 
-def sudo_problem(conn, user: str) -> str | None:
-    """None when `user` has the kit's passwordless sudo; else the lines to add, and where."""
+def sudo_problem(conn, user: str, where: str) -> str | None:
+    """None when `user` has the kit's passwordless sudo; else the line to add, and where."""
     res = conn.run(node_settings.relief_sudo_check_command(user), timeout=20)
     if res.ok:
         return None
-    return (f"{conn.target.label}: {user} cannot run the kit's commands with `sudo -n`; add this line "
+    return (f"{where}: {user} cannot run the kit's commands with `sudo -n`; add this line "
             f"with `sudo visudo -f {node_settings.SUDOERS_FILE}`:\n  {node_settings.sudoers_rule(user).strip()}")
