@@ -120,3 +120,39 @@ def test_init_on_a_bare_switch_finds_each_ranks_switch_port(bare, tmp_path):
         assert not cfg.exists()  # --dry-run writes nothing
     finally:
         cluster.up(cabling="ring", progress=lambda m: None)
+
+
+def test_init_asks_before_trusting_a_host_key_and_prints_the_sudoers_line_it_lacks(bare, tmp_path):
+    """Interactive: an unknown host key's fingerprint is shown and, refused, nothing goes further.
+    A rank whose user lacks the kit's passwordless sudo gets the exact sudoers line, named."""
+    import docker
+    import paramiko
+
+    from launcher.sandbox import cluster
+    from launcher.transport.remote import fingerprint
+
+    state, result = bare
+    p = cluster.paths(state)
+    hosts = [r["address"] for r in result["ranks"]]
+    args = ["init", *hosts, "--user", "spark", "--key", str(p["key"]), "--known-hosts", str(tmp_path / "kh"),
+            "--password-stdin", "--profile", "sandbox", "--model-path", cluster.MODEL_PATH,
+            "--sysfs-root", cluster.SYSFS_ROOT, "-o", str(tmp_path / "cluster.yaml"), "--dry-run"]
+    password = p["password"].read_text()
+    res = sparkstack(*args, stdin=password + "n\n")
+    host_key = paramiko.Ed25519Key.from_path(p["ranks"] / "spark1" / "ssh" / "ssh_host_ed25519_key")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"unknown host key {fingerprint(host_key)}. Trust it?" in res.stderr
+    assert f"host key {fingerprint(host_key)} not trusted" in res.stderr
+    assert not (tmp_path / "kh").exists()
+
+    rank = docker.from_env().containers.get(cluster.container_name("spark2"))
+    assert rank.exec_run(["rm", "/etc/sudoers.d/spark"]).exit_code == 0
+    try:
+        res = sparkstack(*args, "--trust-new-hosts", "--yes", stdin=password)
+    finally:
+        cluster.up(progress=lambda m: None)  # the rank as before init again, its sudo back
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (f"rank 1 ({hosts[1]}): spark cannot run the kit's commands with `sudo -n`; add this line with "
+            "`sudo visudo -f /etc/sudoers.d/sparkstack-drop-caches`:\n  spark ALL=(root) NOPASSWD: "
+            "/usr/sbin/sysctl -w vm.drop_caches=3, /usr/sbin/sysctl -w vm.compact_memory=1") in res.stderr
+    assert res.stderr.count("cannot run the kit's commands") == 1
