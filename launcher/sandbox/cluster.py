@@ -38,6 +38,18 @@ Host side, under the state dir (``$SPARKSTACK_SANDBOX_DIR`` or ``~/.local/state/
 connection and stays right across `down`/`up`), ``cluster.yaml``, ``fabric-truth.json``,
 ``ranks/sparkN/{ssh,sysfs}``, ``models/glm53-sandbox`` and ``patches/``.
 
+The bare sandbox (`up --bare`, $SPARKSTACK_SANDBOX_BARE=1) stands BESIDE this one for
+`sparkstack init`: containers ``sparkstack-bare-sparkN`` (labelled ``org.sparkstack.sandbox.bare``),
+network ``sparkstack-sandbox-bare`` on 172.31.242.0/24 ($SPARKSTACK_SANDBOX_BARE_SUBNET), state dir
+``~/.local/state/sparkstack/sandbox-bare`` ($SPARKSTACK_SANDBOX_BARE_DIR), its own switch
+namespace; `down`/`status` of one never touch the other. Its ranks are Sparks before `init`: the
+same cables (veths with the fixtures' MACs, IPv6 link-local on) without IPv4 addresses, the
+fixtures' GID tables link-local only, no authorized key, a password login for ``spark`` (sshd's
+PasswordAuthentication on for this sandbox only; the password in ``<state dir>/password``), no
+cluster.yaml. Every `up --bare` puts them back in that state. Its sysfs fixture is writable by
+the rank: a stand-in for the kernel (gid_standin.py) adds a port's IPv4 RoCE GIDs when the port
+gets an address, as the kernel does.
+
 The checkpoint is a host directory bind-mounted read-only at ``/models/glm53-sandbox`` in all four
 ranks: the stand-in for the NFS export of a real cluster. It is a bind mount because this kernel
 has no NFS (no ``nfs``/``nfsd`` in /proc/filesystems), so an NFS server cannot run here.

@@ -12,6 +12,10 @@ to a bridge (MTU 9000) in a network namespace of its own, ``sparkstack-switch``:
 its own box, so the host's firewall and bridge-netfilter settings never see the fabric's frames,
 and the host holds no fabric address.
 
+Each end carries the MAC its rank's sysfs fixture names, and IPv6 on (link-local addresses, as
+a Spark's ports have): `sparkstack init` finds the cabling from the neighbours those addresses
+answer. In the bare sandbox (`bare()`) the ends get no IPv4 address: `init` gives them theirs.
+
 A pair lives as long as both namespaces: when a rank container is recreated its end vanishes and
 the kernel removes the other end with it, so `wire` finds the cable missing and lays it again.
 Needs root on the host (it is the host's `ip` and `nsenter`); `up` says so when it cannot.
