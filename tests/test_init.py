@@ -28,10 +28,13 @@ def bare(tmp_path_factory):
 
     mp = pytest.MonkeyPatch()
     mp.setenv("SPARKSTACK_SANDBOX_BARE", "1")
-    result = cluster.up(progress=lambda m: None)
     state = cluster.state_dir_default().resolve()
+    was_up = all(r["docker"] == "running" for r in cluster.status(state)["ranks"])
+    result = cluster.up(progress=lambda m: None)
     cluster.mend_cables(state)
     yield state, result
+    if not was_up and os.environ.get("SPARKSTACK_SANDBOX_KEEP") != "1":  # as the sandbox fixture does
+        cluster.down(state, progress=lambda m: None)
     mp.undo()
 
 
