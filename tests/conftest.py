@@ -73,9 +73,10 @@ def group(sandbox):
 def _test_networks():
     from ipaddress import ip_network
 
-    from launcher.sandbox.cluster import subnet
+    from launcher.sandbox.cluster import BARE_SUBNET, subnet
 
-    return [ip_network("127.0.0.0/8"), ip_network("::1/128"), subnet()]
+    bare = os.environ.get("SPARKSTACK_SANDBOX_BARE_SUBNET", BARE_SUBNET)  # `sandbox up --bare`'s ranks
+    return [ip_network("127.0.0.0/8"), ip_network("::1/128"), subnet(), ip_network(bare)]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -949,3 +949,7 @@ def systemd_unit(loaded, user, timeout, keep):
 from .sandbox import sandbox  # noqa: E402  (its own group: sparkstack sandbox up|down|status)
 
 main.add_command(sandbox)
+
+from .init import init  # noqa: E402  (sparkstack init HOST...)
+
+main.add_command(init)

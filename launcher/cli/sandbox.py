@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -19,6 +20,20 @@ state_option = click.option(
          "else ~/.local/state/sparkstack/sandbox)")
 
 
+def _bare_option(fn):
+    def use_bare(ctx, param, value):
+        if value:  # every sandbox function reads it (links.bare()): names, subnet, state dir
+            import os
+
+            os.environ["SPARKSTACK_SANDBOX_BARE"] = "1"
+        return value
+
+    return click.option("--bare", is_flag=True, expose_value=False, callback=use_bare, is_eager=True,
+                        help="the bare sandbox, beside the normal one (its own containers, subnet and "
+                             "state dir): cables without addresses, no key installed, a password "
+                             "login (in <state dir>/password) -- a Spark before `sparkstack init`")(fn)
+
+
 def _progress(msg: str) -> None:
     err.print(f"[dim]sandbox:[/] {msg}", markup=True, highlight=False)
 
@@ -30,6 +45,7 @@ def sandbox():
 
 @sandbox.command()
 @state_option
+@_bare_option
 @click.option("--ranks", type=int, default=None, metavar="N",
               help="how many ranks (default: $SPARKSTACK_SANDBOX_RANKS, else 4); ranks above N are removed")
 @click.option("--topology", type=click.Choice(["ring", "switch"]), default=None,
@@ -46,6 +62,11 @@ def up(state_dir, ranks, topology, as_json):
         click.echo(json.dumps(result, indent=2))
         return
     _print_ranks(result["ranks"])
+    if os.environ.get("SPARKSTACK_SANDBOX_BARE") == "1":
+        out.print(f"ready in {result['seconds']} s, cabled as a {result['topology']}, bare; the password "
+                  f"of {result['ranks'][0]['user']} is in {Path(result['config']).parent / 'password'}; next: "
+                  "sparkstack init " + " ".join(r["address"] for r in result["ranks"]))
+        return
     out.print(f"ready in {result['seconds']} s, cabled as a {result['topology']}; the cluster config is:")
     click.echo(result["config"])
 
@@ -63,6 +84,7 @@ def _print_ranks(ranks, colour: bool = False) -> None:
 
 @sandbox.command()
 @state_option
+@_bare_option
 @click.option("--purge", is_flag=True, help="also delete the state directory (keys, checkpoint)")
 @_friendly
 def down(state_dir, purge):
@@ -77,6 +99,7 @@ def down(state_dir, purge):
 
 @sandbox.command()
 @state_option
+@_bare_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
 @_friendly
 def status(state_dir, as_json):

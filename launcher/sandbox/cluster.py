@@ -38,6 +38,18 @@ Host side, under the state dir (``$SPARKSTACK_SANDBOX_DIR`` or ``~/.local/state/
 connection and stays right across `down`/`up`), ``cluster.yaml``, ``fabric-truth.json``,
 ``ranks/sparkN/{ssh,sysfs}``, ``models/glm53-sandbox`` and ``patches/``.
 
+The bare sandbox (`up --bare`, $SPARKSTACK_SANDBOX_BARE=1) stands BESIDE this one for
+`sparkstack init`: containers ``sparkstack-bare-sparkN`` (labelled ``org.sparkstack.sandbox.bare``),
+network ``sparkstack-sandbox-bare`` on 172.31.242.0/24 ($SPARKSTACK_SANDBOX_BARE_SUBNET), state dir
+``~/.local/state/sparkstack/sandbox-bare`` ($SPARKSTACK_SANDBOX_BARE_DIR), its own switch
+namespace; `down`/`status` of one never touch the other. Its ranks are Sparks before `init`: the
+same cables (veths with the fixtures' MACs, IPv6 link-local on) without IPv4 addresses, the
+fixtures' GID tables link-local only, no authorized key, a password login for ``spark`` (sshd's
+PasswordAuthentication on for this sandbox only; the password in ``<state dir>/password``), no
+cluster.yaml. Every `up --bare` puts them back in that state. Its sysfs fixture is writable by
+the rank: a stand-in for the kernel (gid_standin.py) adds a port's IPv4 RoCE GIDs when the port
+gets an address, as the kernel does.
+
 The checkpoint is a host directory bind-mounted read-only at ``/models/glm53-sandbox`` in all four
 ranks: the stand-in for the NFS export of a real cluster. It is a bind mount because this kernel
 has no NFS (no ``nfs``/``nfsd`` in /proc/filesystems), so an NFS server cannot run here.
@@ -59,6 +71,7 @@ from pathlib import Path
 import yaml
 
 from . import debian_image, fabric_fixture as fabric, links
+from . import gid_standin
 from . import meminfo as meminfo_mod
 from . import model_fixture as ckpt
 from .errors import SandboxError
@@ -68,8 +81,11 @@ RANK_LABEL = "org.sparkstack.sandbox.rank"
 IMAGE_LABEL = "org.sparkstack.sandbox.image"
 STATE_LABEL = "org.sparkstack.sandbox.state"  # the state dir whose keys the rank was made with
 MEMINFO_LABEL = "org.sparkstack.sandbox.meminfo"  # "gb10" (fake Spark meminfo) or "host"
+BARE_LABEL = "org.sparkstack.sandbox.bare"  # "1" on what the bare sandbox made (links.bare())
 NETWORK = "sparkstack-sandbox"
 DEFAULT_SUBNET = "172.31.240.0/24"
+BARE_SUBNET = "172.31.242.0/24"  # the bare sandbox's own (beside the normal one, not instead)
+PASSWORD_BYTES = 12
 DEFAULT_RANKS = 4  # a DGX Spark TP4 cluster; `up --ranks N` (or $SPARKSTACK_SANDBOX_RANKS) for more
 MAX_RANKS = 32
 USER = "spark"
@@ -80,12 +96,31 @@ READY_TIMEOUT_S = 60
 
 
 def state_dir_default() -> Path:
+    if links.bare():
+        env = os.environ.get("SPARKSTACK_SANDBOX_BARE_DIR")
+        return Path(env or "~/.local/state/sparkstack/sandbox-bare").expanduser()
     env = os.environ.get("SPARKSTACK_SANDBOX_DIR")
     return Path(env).expanduser() if env else Path("~/.local/state/sparkstack/sandbox").expanduser()
 
 
+def network_name() -> str:
+    return f"{NETWORK}-bare" if links.bare() else NETWORK
+
+
+def _bare_label() -> dict:
+    return {BARE_LABEL: "1"} if links.bare() else {}
+
+
+def _mine(obj_labels: dict | None) -> bool:
+    """Made by this sandbox (the bare one or the normal one), not by the other."""
+    return (obj_labels or {}).get(BARE_LABEL) == ("1" if links.bare() else None)
+
+
 def subnet() -> ipaddress.IPv4Network:
-    raw = os.environ.get("SPARKSTACK_SANDBOX_SUBNET", DEFAULT_SUBNET)
+    if links.bare():
+        raw = os.environ.get("SPARKSTACK_SANDBOX_BARE_SUBNET", BARE_SUBNET)
+    else:
+        raw = os.environ.get("SPARKSTACK_SANDBOX_SUBNET", DEFAULT_SUBNET)
     try:
         net = ipaddress.IPv4Network(raw)
     except ValueError:
@@ -132,11 +167,11 @@ def _rank_index(name: str) -> int:
 
 
 def container_name(name: str) -> str:
-    return f"sparkstack-{name}"
+    return f"sparkstack-bare-{name}" if links.bare() else f"sparkstack-{name}"
 
 
 def volume_name(name: str) -> str:
-    return f"sparkstack-{name}-docker"
+    return f"{container_name(name)}-docker"
 
 
 def rank_address(i: int, net: ipaddress.IPv4Network | None = None) -> str:
@@ -157,6 +192,7 @@ def paths(state_dir: Path) -> dict[str, Path]:
         "images": state_dir / "images",
         "ranks": state_dir / "ranks",
         "topology": state_dir / "topology",
+        "password": state_dir / "password",  # the bare sandbox's login password for USER
     }
 
 
@@ -220,13 +256,15 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int, cabling: 
                                    sshdir / "ssh_host_ed25519_key.pub", f"root@{name}")
         os.chmod(sshdir / "ssh_host_ed25519_key.pub", 0o644)
         auth = sshdir / "authorized_keys"
-        if not auth.exists() or auth.read_text() != client_pub + "\n":
-            auth.write_text(client_pub + "\n")
+        authorized = "" if links.bare() else client_pub + "\n"  # bare: a password login only
+        if not auth.exists() or auth.read_text() != authorized:
+            auth.write_text(authorized)
         kind, blob = host_pub.split()[:2]
         known.append(f"{rank_address(i, net)},{name} {kind} {blob}")
-        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, n, topology=cabling))
+        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, n, topology=cabling, addressed=not links.bare()))
+        # bare: the rank's own `ip addr` (its veths, addressed by `init`) is the truth
         _write_in_place(rdir / "ip-addr.json",
-                        json.dumps(fabric.ip_addr_json(i, n, cabling), indent=2) + "\n")
+                        "[]\n" if links.bare() else json.dumps(fabric.ip_addr_json(i, n, cabling), indent=2) + "\n")
         truth[name] = fabric.fabric_truth(i, n, cabling)
         if not (rdir / "meminfo").exists():  # then the rank's memory daemon owns it
             (rdir / "meminfo").write_text(meminfo_mod.meminfo(i))
@@ -236,6 +274,12 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int, cabling: 
     ckpt.write_patches(p["patches"])
     _write_if_changed(p["truth"], json.dumps(truth, indent=2) + "\n")
     _write_if_changed(p["topology"], cabling + "\n")
+    if links.bare() and not p["password"].exists():
+        import secrets
+
+        fd = os.open(p["password"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(PASSWORD_BYTES) + "\n")
     return {"checkpoint": summary, "truth": truth}
 
 
@@ -290,14 +334,14 @@ def ensure_network(client, net: ipaddress.IPv4Network):
     fix_subnet = (f"remove what uses {net}, or pick another private /24 with "
                   "SPARKSTACK_SANDBOX_SUBNET=172.31.241.0/24 (then `sparkstack sandbox up` again)")
     try:
-        existing = client.networks.get(NETWORK)
+        existing = client.networks.get(network_name())
     except docker.errors.NotFound:
         existing = None
     if existing is not None:
         labels = existing.attrs.get("Labels") or {}
         if labels.get(LABEL) != "1":
-            raise SandboxError(f"a Docker network named {NETWORK} exists that sparkstack did not create",
-                               f"remove it (`docker network rm {NETWORK}`) if it is unused")
+            raise SandboxError(f"a Docker network named {network_name()} exists that sparkstack did not create",
+                               f"remove it (`docker network rm {network_name()}`) if it is unused")
         configs = (existing.attrs.get("IPAM") or {}).get("Config") or []
         if any(c.get("Subnet") == str(net) for c in configs):
             return existing
@@ -313,13 +357,14 @@ def ensure_network(client, net: ipaddress.IPv4Network):
     ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(
         subnet=str(net), gateway=str(net.network_address + 1))])
     try:
-        return client.networks.create(NETWORK, driver="bridge", ipam=ipam, labels={LABEL: "1"},
+        return client.networks.create(network_name(), driver="bridge", ipam=ipam,
+                                      labels={LABEL: "1", **_bare_label()},
                                       options={"com.docker.network.driver.mtu": "1400"})
     except docker.errors.APIError as e:
         msg = e.explanation or str(e)
         if "overlap" in msg or "already" in msg:
             raise SandboxError(f"the sandbox subnet {net} is already taken: {msg}", fix_subnet) from None
-        raise SandboxError(f"cannot create the Docker network {NETWORK}: {msg}",
+        raise SandboxError(f"cannot create the Docker network {network_name()}: {msg}",
                            "check `docker network ls` and the engine's log") from None
 
 
@@ -348,7 +393,7 @@ def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
     try:
         client.volumes.get(volume_name(name))
     except docker.errors.NotFound:
-        client.volumes.create(volume_name(name), labels={LABEL: "1", RANK_LABEL: name})
+        client.volumes.create(volume_name(name), labels={LABEL: "1", RANK_LABEL: name, **_bare_label()})
     api = client.api
     host_config = api.create_host_config(
         cap_add=["ALL"], cap_drop=["SYS_RESOURCE"],
@@ -357,7 +402,8 @@ def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
         binds={
             volume_name(name): {"bind": "/var/lib/docker", "mode": "rw"},
             str(p["model"]): {"bind": MODEL_PATH, "mode": "ro"},
-            str(rdir / "sysfs"): {"bind": SYSFS_ROOT, "mode": "ro"},
+            # bare: rw for the kernel's stand-in that adds a port's IPv4 RoCE GIDs (gid_standin)
+            str(rdir / "sysfs"): {"bind": SYSFS_ROOT, "mode": "rw" if links.bare() else "ro"},
             str(rdir / "ip-addr.json"): {"bind": "/sandbox/ip-addr.json", "mode": "ro"},
             str(rdir / "ssh"): {"bind": "/sandbox/ssh", "mode": "ro"},
             str(p["images"]): {"bind": "/sandbox/images", "mode": "ro"},
@@ -372,12 +418,12 @@ def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
     host_config["MaskedPaths"] = []
     host_config["ReadonlyPaths"] = []
     networking = api.create_networking_config(
-        {NETWORK: api.create_endpoint_config(ipv4_address=rank_address(i, net))})
+        {network_name(): api.create_endpoint_config(ipv4_address=rank_address(i, net))})
     try:
         cid = api.create_container(
             image, name=container_name(name), hostname=name, detach=True,
             labels={LABEL: "1", RANK_LABEL: name, IMAGE_LABEL: image, STATE_LABEL: str(state_dir),
-                    MEMINFO_LABEL: _meminfo_mode()},
+                    MEMINFO_LABEL: _meminfo_mode(), **_bare_label()},
             host_config=host_config, networking_config=networking,
             environment={"SANDBOX_RANK": name})["Id"]
         api.start(cid)
@@ -401,7 +447,7 @@ def _ensure_rank(client, i: int, name: str, image: str, state_dir: Path, net) ->
                                "did not create",
                                f"remove or rename it (`docker rm -f {container_name(name)}`)")
         nets = (c.attrs.get("NetworkSettings") or {}).get("Networks") or {}
-        addr = (nets.get(NETWORK) or {}).get("IPAddress")
+        addr = (nets.get(network_name()) or {}).get("IPAddress")
         if (c.status == "running" and labels.get(IMAGE_LABEL) == image
                 and labels.get(STATE_LABEL) == str(state_dir) and addr == rank_address(i, net)
                 and labels.get(MEMINFO_LABEL) == _meminfo_mode()
@@ -559,7 +605,7 @@ def _remove_extra_ranks(client, n: int) -> list[str]:
     gone = []
     for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
         name = (c.labels or {}).get(RANK_LABEL, "")
-        if name.startswith("spark") and _rank_index(name) >= n:
+        if name.startswith("spark") and _rank_index(name) >= n and _mine(c.labels):
             c.remove(force=True)
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 client.volumes.get(volume_name(name)).remove(force=True)
@@ -603,10 +649,14 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
     if any(v == "loaded" for v in loads.values()):
         progress(f"{images['vllm']} loaded into " + ", ".join(k for k, v in loads.items() if v == "loaded"))
     laid = links.wire({i: _pid(containers[name]) for i, name in enumerate(names)}, n, cabling)
+    if links.bare():
+        for c in containers.values():
+            _bare_rank(c, paths(state_dir)["password"].read_text().strip())
     if laid:
         what = "ring link(s)" if cabling == "ring" else "switch cable(s) of rank(s)"
         progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {fabric.MTU})")
-    write_cluster_yaml(state_dir, net, images["vllm"], n, cabling)
+    if not links.bare():  # `sparkstack init` writes the bare sandbox's
+        write_cluster_yaml(state_dir, net, images["vllm"], n, cabling)
     result = status(state_dir, client=client, n=n)
     result.update({"images": images, "actions": actions, "topology": cabling,
                    "seconds": round(time.monotonic() - t0, 1)})
@@ -624,8 +674,8 @@ def cut_cable(link: int, state_dir: Path | None = None, n: int = DEFAULT_RANKS) 
     cable = links.cables(n)[link]
     links.cut(_pid(client.containers.get(container_name(rank_names(n)[cable.a.rank]))), cable.a.netdev)
     for end, port in ((cable.a, 0), (cable.b, 1)):
-        fabric.write_tree(paths(state_dir)["ranks"] / rank_names(n)[end.rank] / "sysfs",
-                          fabric.sysfs_tree(end.rank, n, unplugged=frozenset({port})))
+        _rewrite_sysfs(paths(state_dir)["ranks"] / rank_names(n)[end.rank] / "sysfs",
+                       fabric.sysfs_tree(end.rank, n, unplugged=frozenset({port}), addressed=not links.bare()))
     return cable
 
 
@@ -635,8 +685,8 @@ def mend_cables(state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> list[i
     client = connect()
     cabling = current_topology(state_dir)
     for i, name in enumerate(rank_names(n)):
-        fabric.write_tree(paths(state_dir)["ranks"] / name / "sysfs",
-                          fabric.sysfs_tree(i, n, topology=cabling))
+        _rewrite_sysfs(paths(state_dir)["ranks"] / name / "sysfs",
+                       fabric.sysfs_tree(i, n, topology=cabling, addressed=not links.bare()))
     return links.wire({i: _pid(client.containers.get(container_name(name)))
                        for i, name in enumerate(rank_names(n))}, n, cabling)
 
@@ -653,7 +703,8 @@ def _down(state_dir: Path | None, purge: bool) -> dict:
     state_dir = Path(state_dir) if state_dir else state_dir_default()
     client = connect()
     removed = {"containers": [], "networks": [], "volumes": []}
-    containers = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+    containers = [c for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+                  if _mine(c.labels)]
 
     def _rm(c):
         try:
@@ -665,12 +716,16 @@ def _down(state_dir: Path | None, purge: bool) -> dict:
     with cf.ThreadPoolExecutor(max(1, len(containers))) as pool:
         removed["containers"] = sorted(pool.map(_rm, containers))
     for n in client.networks.list(filters={"label": f"{LABEL}=1"}):
+        if not _mine(n.attrs.get("Labels")):
+            continue
         try:
             n.remove()
             removed["networks"].append(n.name)
         except docker.errors.NotFound:
             pass
     for v in client.volumes.list(filters={"label": f"{LABEL}=1"}):
+        if not _mine(v.attrs.get("Labels")):
+            continue
         try:
             v.remove(force=True)
             removed["volumes"].append(v.name)
@@ -691,7 +746,7 @@ def status(state_dir: Path | None = None, client=None, n: int | None = None) -> 
         # the state dir the running ranks were made from, else the default
         state_dir = state_dir_default()
         for c in client.containers.list(filters={"label": f"{LABEL}=1"}):
-            if (c.labels or {}).get(STATE_LABEL):
+            if (c.labels or {}).get(STATE_LABEL) and _mine(c.labels):
                 state_dir = c.labels[STATE_LABEL]
                 break
     state_dir = Path(state_dir)
@@ -699,7 +754,7 @@ def status(state_dir: Path | None = None, client=None, n: int | None = None) -> 
     p = paths(state_dir)
     if n is None:  # the ranks that exist, else the number `up` would make
         existing = [_rank_index(name) + 1 for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
-                    if (name := (c.labels or {}).get(RANK_LABEL, "")).startswith("spark")]
+                    if (name := (c.labels or {}).get(RANK_LABEL, "")).startswith("spark") and _mine(c.labels)]
         n = max(existing) if existing else n_ranks()
     count = n
 
@@ -714,3 +769,38 @@ def status(state_dir: Path | None = None, client=None, n: int | None = None) -> 
     with cf.ThreadPoolExecutor(count) as pool:
         ranks = list(pool.map(one, enumerate(rank_names(count))))
     return {"ranks": ranks, "config": str(p["config"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# The bare sandbox: what a Spark is before `sparkstack init`
+
+
+BARE_SSHD = "PasswordAuthentication yes\n"  # sshd_config.d/00-bare.conf: read first, so it wins
+
+
+def _bare_rank(container, password: str) -> None:
+    """A password login for USER, no authorized key (prepare_state left the rank's empty; one
+    `init` installed is removed), no fabric address, and the kernel's stand-in that gives an
+    addressed port its IPv4 RoCE GIDs."""
+    netdevs = " ".join(sorted({nd for _h, nd, _p, _d in fabric.HCAS}))
+    script = (f"echo {USER}:{password} | chpasswd && "
+              f"printf '{BARE_SSHD}' > /etc/ssh/sshd_config.d/00-bare.conf && "
+              "kill -HUP $(pgrep -o -x sshd) && "
+              # every `up --bare` is a Spark before `init` again: no key, no fabric address
+              f": > /home/{USER}/.ssh/authorized_keys && rm -f /etc/netplan/60-sparkstack-fabric.yaml && "
+              f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER} && chmod 0440 /etc/sudoers.d/{USER} && "
+              f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; done; true")
+    res = container.exec_run(["sh", "-c", script])
+    if res.exit_code != 0:
+        raise SandboxError(f"{container.name}: cannot enable the password login: "
+                           f"{res.output.decode(errors='replace').strip()}",
+                           f"check `docker exec {container.name} cat /var/log/auth.log`")
+    running = container.exec_run(["pgrep", "-f", "sandbox-gid-standin"])
+    if running.exit_code != 0:
+        container.exec_run(["python3", "-c", gid_standin.SOURCE, "sandbox-gid-standin", SYSFS_ROOT],
+                           detach=True)
+
+
+def _rewrite_sysfs(root: Path, files: dict[str, str]) -> None:
+    """The fixture tree anew; in the bare sandbox the GID stand-in re-adds what addresses make."""
+    fabric.write_tree(root, files)

@@ -144,10 +144,11 @@ def _netdev_files(prefix: str, macaddr: str, mtu: int, speed: int, up: bool, ifi
 
 
 def sysfs_tree(rank: int, n: int = N_RANKS, unplugged: frozenset[int] = frozenset(),
-               topology: str = "ring") -> dict[str, str]:
+               topology: str = "ring", addressed: bool = True) -> dict[str, str]:
     """All fixture files of one rank: relative path under the sysfs root -> content. A QSFP port
     in `unplugged` has lost its cable: both its twins read down (operstate, carrier, RoCE port
-    state), as the kernel shows it; addresses and GIDs stay."""
+    state), as the kernel shows it; addresses and GIDs stay. Not `addressed` (the bare sandbox):
+    link-local GIDs only, as on a Spark before its ports get addresses."""
     if not 0 <= rank < n:
         raise ValueError(f"rank index {rank} out of range 0..{n - 1}")
     files: dict[str, str] = {}
@@ -155,7 +156,7 @@ def sysfs_tree(rank: int, n: int = N_RANKS, unplugged: frozenset[int] = frozense
         macaddr = mac(rank, idx)
         up = port in cabled_ports(rank, topology) and port not in unplugged
         primary_twin = not hca.startswith("roceP2")
-        ip = port_ip(rank, port, n, topology) if primary_twin else None
+        ip = port_ip(rank, port, n, topology) if primary_twin and addressed else None
         ifindex = 3 + idx
         files.update(_netdev_files(f"class/net/{netdev}", macaddr, MTU, SPEED, up, ifindex))
         files.update(_netdev_files(f"class/infiniband/{hca}/device/net/{netdev}", macaddr, MTU,

@@ -12,6 +12,10 @@ to a bridge (MTU 9000) in a network namespace of its own, ``sparkstack-switch``:
 its own box, so the host's firewall and bridge-netfilter settings never see the fabric's frames,
 and the host holds no fabric address.
 
+Each end carries the MAC its rank's sysfs fixture names, and IPv6 on (link-local addresses, as
+a Spark's ports have): `sparkstack init` finds the cabling from the neighbours those addresses
+answer. In the bare sandbox (`bare()`) the ends get no IPv4 address: `init` gives them theirs.
+
 A pair lives as long as both namespaces: when a rank container is recreated its end vanishes and
 the kernel removes the other end with it, so `wire` finds the cable missing and lays it again.
 Needs root on the host (it is the host's `ip` and `nsenter`); `up` says so when it cannot.
@@ -47,8 +51,19 @@ def _netdev(port: int) -> str:
     return next(nd for _h, nd, p, dom in fabric.HCAS if p == port and dom == "0000")
 
 
-SWITCH_NS = "sparkstack-switch"
 SWITCH_BRIDGE = "fabric0"
+
+
+def bare() -> bool:
+    """The bare sandbox (`sandbox up --bare`, $SPARKSTACK_SANDBOX_BARE=1): its own containers,
+    network, state dir and switch; cables without IPv4 addresses, for `sparkstack init`."""
+    import os
+
+    return os.environ.get("SPARKSTACK_SANDBOX_BARE") == "1"
+
+
+def switch_ns() -> str:
+    return "sparkstack-switch-bare" if bare() else "sparkstack-switch"
 
 
 def cables(n: int) -> list[Cable]:
@@ -86,7 +101,8 @@ def _has(pid: int, end: End) -> bool:
     except (ValueError, IndexError):
         return False
     addrs = {f"{a['local']}/{a['prefixlen']}" for a in info.get("addr_info", []) if a.get("family") == "inet"}
-    return end.ip in addrs and "UP" in info.get("flags", []) and info.get("mtu") == fabric.MTU
+    addressed = bare() or end.ip in addrs  # the bare sandbox's ends start without one
+    return addressed and "UP" in info.get("flags", []) and info.get("mtu") == fabric.MTU
 
 
 def _lay(cable: Cable, pids: dict[int, int]) -> None:
@@ -95,22 +111,37 @@ def _lay(cable: Cable, pids: dict[int, int]) -> None:
         _ip(pid, "link", "del", end.netdev, check=False)  # a leftover half
     # both ends born in their namespaces: no name ever exists on the host
     subprocess.run(["ip", "link", "add", "name", cable.a.netdev, "netns", str(pa), "mtu", str(fabric.MTU),
-                    "type", "veth", "peer", "name", cable.b.netdev, "netns", str(pb), "mtu", str(fabric.MTU)],
+                    "address", _mac(cable.a), "type", "veth", "peer", "name", cable.b.netdev,
+                    "netns", str(pb), "mtu", str(fabric.MTU), "address", _mac(cable.b)],
                    capture_output=True, text=True, check=True, timeout=10)
     for pid, end in ((pa, cable.a), (pb, cable.b)):
+        _bring_up(pid, end)
+
+
+def _mac(end: End) -> str:
+    """The MAC the rank's sysfs fixture gives this netdev: neighbour tables name what facts name."""
+    return fabric.mac(end.rank, [nd for _h, nd, _p, _d in fabric.HCAS].index(end.netdev))
+
+
+def _bring_up(pid: int, end: End) -> None:
+    """Link-local IPv6 on (a container starts with it off; a Spark's ports have it), the
+    address unless bare, up."""
+    subprocess.run(["nsenter", "-t", str(pid), "-n", "sysctl", "-qw",
+                    f"net.ipv6.conf.{end.netdev}.disable_ipv6=0"], capture_output=True, timeout=10)
+    if not bare():
         _ip(pid, "addr", "add", end.ip, "dev", end.netdev)
-        _ip(pid, "link", "set", end.netdev, "up")
+    _ip(pid, "link", "set", end.netdev, "up")
 
 
 def _sw(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "-n", SWITCH_NS, *args], capture_output=True, text=True,
+    return subprocess.run(["ip", "-n", switch_ns(), *args], capture_output=True, text=True,
                           check=check, timeout=10)
 
 
 def _ensure_switch() -> None:
-    if subprocess.run(["ip", "netns", "exec", SWITCH_NS, "true"], capture_output=True,
+    if subprocess.run(["ip", "netns", "exec", switch_ns(), "true"], capture_output=True,
                       timeout=10).returncode != 0:
-        subprocess.run(["ip", "netns", "add", SWITCH_NS], capture_output=True, text=True,
+        subprocess.run(["ip", "netns", "add", switch_ns()], capture_output=True, text=True,
                        check=True, timeout=10)
     if _sw("link", "show", SWITCH_BRIDGE, check=False).returncode != 0:
         _sw("link", "add", SWITCH_BRIDGE, "mtu", str(fabric.MTU), "type", "bridge")
@@ -119,7 +150,7 @@ def _ensure_switch() -> None:
 
 def remove_switch() -> None:
     """The switch namespace goes, and with it every rank's switch cable."""
-    subprocess.run(["ip", "netns", "del", SWITCH_NS], capture_output=True, timeout=10)
+    subprocess.run(["ip", "netns", "del", switch_ns()], capture_output=True, timeout=10)
 
 
 def _lay_switch_port(end: End, pid: int) -> None:
@@ -127,11 +158,10 @@ def _lay_switch_port(end: End, pid: int) -> None:
     _ip(pid, "link", "del", end.netdev, check=False)
     _sw("link", "del", port_name, check=False)
     subprocess.run(["ip", "link", "add", "name", end.netdev, "netns", str(pid), "mtu", str(fabric.MTU),
-                    "type", "veth", "peer", "name", port_name, "netns", SWITCH_NS, "mtu", str(fabric.MTU)],
+                    "address", _mac(end), "type", "veth", "peer", "name", port_name, "netns", switch_ns(), "mtu", str(fabric.MTU)],
                    capture_output=True, text=True, check=True, timeout=10)
     _sw("link", "set", port_name, "master", SWITCH_BRIDGE, "up")
-    _ip(pid, "addr", "add", end.ip, "dev", end.netdev)
-    _ip(pid, "link", "set", end.netdev, "up")
+    _bring_up(pid, end)
 
 
 def fence(pid: int) -> None:

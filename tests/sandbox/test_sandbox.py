@@ -413,10 +413,12 @@ def test_leftover_container_is_recreated(sandbox):
     assert code == 0 and out.split()[0] == "spark4" and int(out.split()[1]) >= 1
 
 
-def _containers():
+def _containers(bare: bool = False):
+    """The normal sandbox's containers (or the bare one's: `sandbox up --bare`, beside it)."""
     import docker
 
-    return docker.from_env().containers.list(all=True, filters={"label": f"{cluster.LABEL}=1"})
+    return [c for c in docker.from_env().containers.list(all=True, filters={"label": f"{cluster.LABEL}=1"})
+            if (c.labels.get(cluster.BARE_LABEL) == "1") == bare]
 
 
 def test_ranks_report_a_spark_meminfo(sandbox):
@@ -446,6 +448,7 @@ def test_down_removes_only_its_own_then_warm_up(sandbox):
     foreign_net = client.networks.create(f"sparkstack-foreign-{uuid.uuid4().hex[:6]}")
     try:
         sandbox.close()
+        bare = sorted(c.name for c in _containers(bare=True))  # another sandbox: left alone
         t0 = time.monotonic()
         removed = cluster.down(sandbox.state_dir)
         down_s = time.monotonic() - t0
@@ -453,6 +456,7 @@ def test_down_removes_only_its_own_then_warm_up(sandbox):
         assert removed["networks"] == [cluster.NETWORK]
         assert len(removed["volumes"]) == 4
         assert _containers() == []
+        assert sorted(c.name for c in _containers(bare=True)) == bare
         client.volumes.get(foreign.name)  # still there
         client.networks.get(foreign_net.id)
         assert all(r["docker"] == "down" for r in cluster.status(sandbox.state_dir)["ranks"])
