@@ -53,8 +53,9 @@ class Saved:
         return [layer.diff_id for layer in self.layers]
 
 
-def saved(engine, image_id: str, root: Path = SPOOL, say=lambda line: None) -> Saved:
+def saved(engine, image_id: str, root: Path | None = None, say=lambda line: None) -> Saved:
     """The spooled save of `image_id` (spooled now if it is not yet)."""
+    root = root or SPOOL
     index = root / "images" / (image_id.split(":")[-1] + ".json")
     found = _read_index(index, root)
     if found:
@@ -252,8 +253,9 @@ def _write_atomic(target: Path, data: bytes) -> None:
     os.replace(tmp, target)
 
 
-def prune(root: Path = SPOOL) -> int:
+def prune(root: Path | None = None) -> int:
     """Empty the spool; returns the bytes freed."""
+    root = root or SPOOL
     if root.is_symlink():
         raise SpoolError(f"{root} is a symbolic link: remove it or its target yourself")
     if not root.exists():
