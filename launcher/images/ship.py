@@ -133,12 +133,14 @@ def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None)
 
 
 def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> None:
-    """Each rank's `docker load` gets only the layers it lacks, from this host's spool."""
+    """Each rank's `docker load` gets only the layers it lacks, from this host's spool, every
+    rank at once; a layer goes out as soon as this host's save has passed it."""
     from . import spool
     from .local_docker import connect
 
     engine = connect()
-    saves = {ref: spool.saved(engine, plan.local_ids[ref], say=say) for ref in plan.needed}
+    saves = {ref: spool.start(engine, plan.local_ids[ref], engine.diff_ids(plan.local_ids[ref]), say=say)
+             for ref in plan.needed}
     outcome = {r.rank: r for r in todo}
 
     def ship_one(conn: Connection) -> None:
@@ -152,6 +154,11 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
             rank = outcome[o.rank]
             rank.status, rank.error = Status.FAILED, o.why()
             say(_progress_line(o.target.name, rank))
+    for ref, spooling in saves.items():
+        try:
+            spooling.finished()  # a save that failed after every rank had what it needed
+        except spool.SpoolError as e:
+            say(f"{ref}: {e.message}")
 
 
 def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], saves: dict, say) -> None:
@@ -164,19 +171,24 @@ def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], save
             rank.status, rank.error = Status.FAILED, _docker_hint(answer.why(), conn.target.name)
             return
         chains = [line.split() for line in answer.stdout.splitlines()]
-        tars = []
+        loads = []
         for ref in rank.images:
-            saved = saves[ref]
+            spooling = saves[ref]
+            loads.append((ref, spooling, have_layers(spooling.diff_ids, chains)))
+            chains.append(spooling.diff_ids)  # the next image may stand on this one
+
+        def missing() -> int | None:
+            sizes = [spooling.tar_size(have) for _, spooling, have in loads]
+            return None if None in sizes else sum(sizes)
+
+        progress = Progress(conn.target.name, missing, say)
+        for ref, spooling, have in loads:
             tag = f"sparkstack-incoming:{secrets.token_hex(8)}"
-            tars.append((ref, tag, spool.load_tar(saved, have_layers(saved.diff_ids, chains), tag)))
-            chains.append(saved.diff_ids)  # the next image may stand on this one
-        rank.missing = sum(size for _, _, (size, _) in tars)
-        progress = Progress(conn.target.name, rank.missing, say)
-        for ref, tag, (_, chunks) in tars:
             failed: list[Exception] = []
-            result = conn.run(_load_command(tag, ref, local_ids[ref]),
-                              stdin=progress.count(_noting(chunks, failed)), timeout=PULL_TIMEOUT_S)
+            result = conn.run(_load_command(tag, ref, local_ids[ref]), timeout=PULL_TIMEOUT_S,
+                              stdin=progress.count(_noting(spool.load_tar(spooling, have, tag), failed)))
             rank.bytes = progress.moved
+            rank.missing = max(missing() or 0, rank.bytes)
             if failed:
                 rank.status, rank.error = Status.FAILED, f"{conn.target.name}: sending {ref} failed: {failed[0]}"
                 return
@@ -210,9 +222,10 @@ def _noting(chunks, failed: list):
 
 
 class Progress:
-    """One rank's bytes moved of its bytes missing; a line through `say` at most every PROGRESS_S."""
+    """One rank's bytes moved of its bytes missing (`total()`: None while this host's save has not
+    yet passed every layer the rank lacks); a line through `say` at most every PROGRESS_S."""
 
-    def __init__(self, name: str, total: int, say):
+    def __init__(self, name: str, total, say):
         self.name, self.total, self.say = name, total, say
         self.moved = 0
         self.started = self.last = time.monotonic()
@@ -228,8 +241,12 @@ class Progress:
 
     def line(self, now: float) -> str:
         rate = self.moved / max(now - self.started, 1e-9)
-        eta = (self.total - self.moved) / rate if rate else float("inf")
-        return (f"{self.name}: {self.moved / 1e6:.1f} of {self.total / 1e6:.1f} MB, "
+        total = self.total()
+        if total is None:
+            return (f"{self.name}: {self.moved / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s "
+                    "(this host is still reading the image)")
+        eta = max(total - self.moved, 0) / rate if rate else float("inf")
+        return (f"{self.name}: {self.moved / 1e6:.1f} of {total / 1e6:.1f} MB, "
                 f"{rate / 1e6:.1f} MB/s, ETA {eta:.0f} s")
 
 

@@ -1,13 +1,17 @@
 """An image's `docker save`, kept on this host with each layer named by its diff ID.
 
-`ship` streams into each rank's `docker load` a save-format tar holding the manifest, the config and
-only the layers the rank lacks (`load_tar`): Docker's loader reads a layer's file only when the
-layer's chain is missing, and the image ID (the config's digest) comes out the same. A save cannot be filtered as it streams: Docker 20.10 writes the legacy format, whose
-layer directories are v1 IDs and whose manifest.json comes near the end. So the save is spooled once
-per image ID under ~/.cache/sparkstack/spool (mode 0700), each layer hashed on the way: the sha256 of
-an uncompressed layer tar is its diff ID, checked against the image's config. Layers are stored by
-diff ID, so images that share a base share its files. Newer Dockers (25+) write the OCI layout, whose
-manifest.json names blobs the same way: both are read through manifest.json.
+`ship` streams into each rank's `docker load` a save-format tar with only the layers the rank lacks,
+then the config and the manifest (`load_tar`): Docker's loader unpacks the whole tar before it reads
+the manifest, reads a layer's file only when that layer's chain is missing, and the image ID (the
+config's digest) comes out the same.
+
+A save cannot be filtered by name as it streams: Docker 20.10 writes the legacy format, whose layer
+directories are v1 IDs and whose manifest.json comes near the end. So every member is hashed as it
+passes: the sha256 of an uncompressed layer tar is its diff ID, that of the config the image ID. A
+layer is ready for the ranks as soon as its member has passed, while the rest of the save still
+streams; the ranks' sends start at once. Newer Dockers (25+) write the OCI layout: the same hashes
+name the same members. Layers are kept under ~/.cache/sparkstack/spool (mode 0700) by diff ID, so
+images that share a base share its files, and a re-ship of the same image saves nothing.
 """
 
 from __future__ import annotations
@@ -16,18 +20,16 @@ import hashlib
 import io
 import json
 import os
-import posixpath
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass
+import threading
 from pathlib import Path
 
 from ..errors import SparkstackError
 
 SPOOL = Path("~/.cache/sparkstack/spool").expanduser()
 KEEP_IMAGES = 4       # the most recently spooled images whose layers are kept
-IN_MEMORY = 1 << 20   # members up to this size (manifest, configs) are read into memory
 CHUNK = 1 << 20
 
 
@@ -35,64 +37,95 @@ class SpoolError(SparkstackError):
     pass
 
 
-@dataclass(frozen=True)
-class Layer:
-    diff_id: str  # "sha256:…"
-    path: Path
-    size: int
+class Spooling:
+    """One image's layers, ready now (spooled earlier) or as the save streams past them."""
+
+    def __init__(self, image_id: str, diff_ids: list[str], root: Path):
+        self.image_id, self.diff_ids, self.root = image_id, diff_ids, root
+        self.config: bytes | None = None
+        self.error: SpoolError | None = None
+        self.done = False
+        self._ready: set[str] = set()
+        self._changed = threading.Condition()
+
+    def path(self, diff_id: str) -> Path:
+        return self.root / "layers" / diff_id.split(":")[-1]
+
+    def _index(self) -> Path:
+        return self.root / "images" / (self.image_id.split(":")[-1] + ".json")
+
+    def _note(self, *, layer: str | None = None, config: bytes | None = None, done: bool = False,
+              error: SpoolError | None = None) -> None:
+        with self._changed:
+            if layer:
+                self._ready.add(layer)
+            if config is not None:
+                self.config = config
+            self.done = self.done or done or error is not None
+            self.error = self.error or error
+            self._changed.notify_all()
+
+    def next_ready(self, wanted: set[str]) -> str | None:
+        """One of `wanted` that is ready (waiting for the save until one is); None if none is left."""
+        with self._changed:
+            while True:
+                ready = wanted & self._ready
+                if ready:
+                    return min(ready, key=self.diff_ids.index)
+                if self.error:
+                    raise self.error
+                if self.done:
+                    if wanted:
+                        raise SpoolError(f"`docker save` of {self.image_id} did not hold layer(s) "
+                                         f"{', '.join(sorted(wanted))}; re-run")
+                    return None
+                self._changed.wait()
+
+    def tar_size(self, have: int) -> int | None:
+        """The bytes of `load_tar(self, have, …)` but the config's and manifest's, once every
+        layer it sends is ready (None before)."""
+        with self._changed:
+            wanted = set(self.diff_ids[have:])
+            if not wanted <= self._ready:
+                return None
+        return sum(member_size(self.path(d).stat().st_size) for d in wanted) + 2 * tarfile.BLOCKSIZE
+
+    def finished(self) -> bytes:
+        """The config once the whole save has passed (raises why it failed)."""
+        with self._changed:
+            while not self.done:
+                self._changed.wait()
+            if self.error:
+                raise self.error
+            return self.config
 
 
-@dataclass(frozen=True)
-class Saved:
-    image_id: str
-    config: bytes        # the image's config; its sha256 is the image ID
-    layers: list[Layer]  # bottom first, one per diff ID in the config
-
-    @property
-    def diff_ids(self) -> list[str]:
-        return [layer.diff_id for layer in self.layers]
-
-
-def saved(engine, image_id: str, root: Path | None = None, say=lambda line: None) -> Saved:
-    """The spooled save of `image_id` (spooled now if it is not yet)."""
+def start(engine, image_id: str, diff_ids: list[str], root: Path | None = None, say=lambda line: None) -> Spooling:
+    """The image's spool: complete already, or being filled by a `docker save` in a thread."""
     root = root or SPOOL
-    index = root / "images" / (image_id.split(":")[-1] + ".json")
-    found = _read_index(index, root)
-    if found:
-        return found
-    say(f"saving image {image_id[7:19]} on this host once (docker save into {root})")
+    spooling = Spooling(image_id, diff_ids, root)
+    for diff_id in diff_ids:
+        if spooling.path(diff_id).exists():
+            spooling._note(layer=diff_id)
+    config = _read_config(spooling._index())
+    if config is not None and set(diff_ids) <= spooling._ready:
+        os.utime(spooling._index())  # recently used: kept by _trim
+        spooling._note(config=config, done=True)
+        return spooling
+    say(f"reading image {image_id[7:19]} on this host (docker save, once per image, into {root}); "
+        "the ranks' sends start as its layers pass")
     _prepare(root)
-    _trim(root)
+    _trim(root, keep=set(diff_ids))
+    threading.Thread(target=_spool_guarded, args=(engine, spooling), daemon=True,
+                     name=f"spool {image_id[7:19]}").start()
+    return spooling
+
+
+def _read_config(index: Path) -> bytes | None:
     try:
-        spooled = _spool(engine.api.get_image(image_id, chunk_size=CHUNK), image_id, root)
-    except SpoolError:
-        raise
-    except Exception as e:  # this host's disk; docker-py's errors, the engine gone mid-save
-        if isinstance(e, OSError) and e.errno is not None:
-            raise SpoolError(f"saving image {image_id} into {root} failed: {e}; free space there "
-                             "(`sparkstack registry-prune` empties it) and re-run") from None
-        raise SpoolError(f"`docker save` of image {image_id} on this host failed: {e}; re-run") from None
-    tmp = index.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": spooled.config.decode(),
-                               "layers": [[la.diff_id, la.size] for la in spooled.layers]}))
-    os.replace(tmp, index)
-    return spooled
-
-
-def _layer_path(root: Path, diff_id: str) -> Path:
-    return root / "layers" / diff_id.split(":")[-1]
-
-
-def _read_index(index: Path, root: Path) -> Saved | None:
-    try:
-        data = json.loads(index.read_text())
-    except (OSError, ValueError):
+        return json.loads(index.read_text())["config"].encode()
+    except (OSError, ValueError, KeyError):
         return None
-    layers = [Layer(d, _layer_path(root, d), size) for d, size in data["layers"]]
-    if not all(la.path.exists() for la in layers):
-        return None  # trimmed by another ship since: spool again
-    os.utime(index)  # recently used: kept by _trim
-    return Saved(_image_id(data["config"].encode()), data["config"].encode(), layers)
 
 
 def _prepare(root: Path) -> None:
@@ -103,24 +136,35 @@ def _prepare(root: Path) -> None:
     root.chmod(0o700)  # it holds every image shipped
 
 
-def _trim(root: Path) -> None:
-    """Keep the layers of the KEEP_IMAGES most recently used images; drop the rest."""
+def _trim(root: Path, keep: set[str]) -> None:
+    """Keep the layers of the KEEP_IMAGES most recently used images (and `keep`); drop the rest."""
     indexes = sorted((root / "images").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    keep = set()
+    keep = {d.split(":")[-1] for d in keep}
     for index in indexes[:KEEP_IMAGES - 1]:  # the image being spooled is the last one kept
         try:
-            keep.update(d.split(":")[-1] for d, _ in json.loads(index.read_text())["layers"])
+            keep.update(d.split(":")[-1] for d in json.loads(index.read_text())["diff_ids"])
         except (OSError, ValueError, KeyError):
             pass
     for index in indexes[KEEP_IMAGES - 1:]:
         index.unlink(missing_ok=True)
     for layer in (root / "layers").iterdir():
-        if layer.name not in keep:
+        if layer.name not in keep and not layer.name.startswith("."):
             layer.unlink(missing_ok=True)
 
 
-def _image_id(config: bytes) -> str:
-    return "sha256:" + hashlib.sha256(config).hexdigest()
+def _spool_guarded(engine, spooling: Spooling) -> None:
+    image_id, root = spooling.image_id, spooling.root
+    try:
+        _spool(engine.api.get_image(image_id, chunk_size=CHUNK), spooling)
+    except SpoolError as e:
+        spooling._note(error=e)
+    except Exception as e:  # this host's disk; docker-py's errors, the engine gone mid-save
+        if isinstance(e, OSError) and e.errno is not None:
+            why = (f"saving image {image_id} into {root} failed: {e}; free space there "
+                   "(`sparkstack registry-prune` empties it) and re-run")
+        else:
+            why = f"`docker save` of image {image_id} on this host failed: {type(e).__name__}: {e}; re-run"
+        spooling._note(error=SpoolError(why))
 
 
 class _Chunks(io.RawIOBase):
@@ -143,27 +187,32 @@ class _Chunks(io.RawIOBase):
         return n
 
 
-def _spool(chunks, image_id: str, root: Path) -> Saved:
-    """Read the save stream once: small members into memory, large ones into temporary files
-    (hashed as they are written); then keep the layers its manifest names, by diff ID."""
-    small: dict[str, bytes] = {}
-    large: dict[str, tuple[str, Path]] = {}   # member -> (sha256 hex, temporary file)
-    links: dict[str, str] = {}                # member -> the member it stands for
-    with tempfile.TemporaryDirectory(dir=root, prefix=".spooling-") as tmp:
+def _spool(chunks, spooling: Spooling) -> None:
+    """Read the save stream once, hashing every file: a layer (its hash a diff ID of the image)
+    is kept by diff ID and ready at once; the config is the file whose hash is the image ID."""
+    wanted = {d.split(":")[-1] for d in spooling.diff_ids}
+    image = spooling.image_id.split(":")[-1]
+    config = None
+    with tempfile.TemporaryDirectory(dir=spooling.root, prefix=".spooling-") as tmp:
         with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks), CHUNK), mode="r|") as save:
             for member in save:
-                name = posixpath.normpath(member.name)
-                if member.issym():
-                    links[name] = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
-                elif member.islnk():
-                    links[name] = posixpath.normpath(member.linkname)
-                elif member.isfile():
-                    source = save.extractfile(member)
-                    if member.size <= IN_MEMORY:
-                        small[name] = source.read()
-                    else:
-                        large[name] = _copy_hashed(source, Path(tmp) / str(len(large)))
-        return _keep(small, large, links, image_id, root)
+                if not member.isfile():
+                    continue  # directories; a repeated layer is a link to its first copy
+                digest, path = _copy_hashed(save.extractfile(member), Path(tmp) / "member")
+                if digest in wanted:
+                    target = spooling.path("sha256:" + digest)
+                    if not target.exists():  # else an earlier save brought the same layer
+                        os.replace(path, target)
+                    spooling._note(layer="sha256:" + digest)
+                elif digest == image:
+                    config = path.read_bytes()
+    if config is None:
+        raise SpoolError(f"`docker save` of {spooling.image_id} held no config with that digest; re-run")
+    index = spooling._index()
+    tmp_index = index.with_name(f".{index.name}.{os.getpid()}")
+    tmp_index.write_text(json.dumps({"config": config.decode(), "diff_ids": spooling.diff_ids}))
+    os.replace(tmp_index, index)
+    spooling._note(config=config, done=True)
 
 
 def _copy_hashed(source, path: Path) -> tuple[str, Path]:
@@ -175,82 +224,43 @@ def _copy_hashed(source, path: Path) -> tuple[str, Path]:
     return digest.hexdigest(), path
 
 
-def _keep(small, large, links, image_id: str, root: Path) -> Saved:
-    def resolve(name: str) -> str:
-        for _ in range(8):
-            name = links.get(posixpath.normpath(name), posixpath.normpath(name))
-        return name
-
-    try:
-        manifest = json.loads(small["manifest.json"])[0]
-        config = small[resolve(manifest["Config"])]
-    except (KeyError, ValueError, IndexError) as e:
-        raise SpoolError(f"`docker save` of {image_id} gave no usable manifest.json ({e!r})") from None
-    if _image_id(config) != image_id:
-        raise SpoolError(f"`docker save` of {image_id} gave the config of {_image_id(config)}; re-run")
-    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
-    if len(diff_ids) != len(manifest["Layers"]):
-        raise SpoolError(f"`docker save` of {image_id}: {len(manifest['Layers'])} layers for "
-                         f"{len(diff_ids)} diff IDs")
-    layers = []
-    for diff_id, member in zip(diff_ids, manifest["Layers"]):
-        member = resolve(member)
-        target = _layer_path(root, diff_id)
-        if member in large:
-            digest, tmp = large[member]
-        else:
-            data = small.get(member)
-            digest = hashlib.sha256(data).hexdigest() if data is not None else None
-        if digest != diff_id.split(":")[-1]:
-            raise SpoolError(f"`docker save` of {image_id}: layer {member} hashes to sha256:{digest}, "
-                             f"not its diff ID {diff_id}; re-run (is this host's disk failing?)")
-        if not target.exists():  # else another image brought the same layer
-            if member in large:
-                os.replace(tmp, target)
-            else:
-                _write_atomic(target, data)
-        layers.append(Layer(diff_id, target, target.stat().st_size))
-    return Saved(image_id, config, layers)
-
-
-def load_tar(saved: Saved, have: int, tag: str) -> tuple[int, object]:
-    """(size, chunks) of a tar for `docker load`: the manifest (loaded under `tag`), the config and
-    the layers above the `have` lowest, which the rank already has. Memory stays at one chunk."""
-    layers = [f"{la.diff_id.split(':')[-1]}/layer.tar" for la in saved.layers]
-    manifest = json.dumps([{"Config": "config.json", "RepoTags": [tag], "Layers": layers}]).encode()
-    members = [("manifest.json", len(manifest), manifest), ("config.json", len(saved.config), saved.config)]
-    members += [(name, la.size, la.path) for name, la in zip(layers[have:], saved.layers[have:])]
-    size = sum(tarfile.BLOCKSIZE + _padded(n) for _, n, _ in members) + 2 * tarfile.BLOCKSIZE
-    return size, _tar_chunks(members)
-
-
-def _padded(n: int) -> int:
-    return -(-n // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-
-
-def _tar_chunks(members):
-    for name, size, source in members:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode = size, 0o644
-        yield info.tobuf(tarfile.GNU_FORMAT)  # GNU: sizes past 8 GiB
-        if isinstance(source, bytes):
-            yield source
-        else:
-            sent = 0
-            with open(source, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    sent += len(chunk)
-                    yield chunk
-            if sent != size:
-                raise SpoolError(f"{source} changed while it was being sent ({sent} of {size} B)")
-        yield bytes(_padded(size) - size)
+def load_tar(spooling: Spooling, have: int, tag: str):
+    """The chunks of a tar for `docker load`: the layers above the `have` lowest (which the rank
+    has), each as soon as it is ready; then the config and the manifest, which loads the image
+    under `tag`. Memory stays at one chunk."""
+    names = [f"{d.split(':')[-1]}/layer.tar" for d in spooling.diff_ids]
+    wanted = set(spooling.diff_ids[have:])
+    while (diff_id := spooling.next_ready(wanted)) is not None:
+        wanted.discard(diff_id)
+        yield from _member(names[spooling.diff_ids.index(diff_id)], spooling.path(diff_id))
+    config = spooling.finished()
+    manifest = json.dumps([{"Config": "config.json", "RepoTags": [tag], "Layers": names}]).encode()
+    yield from _member("config.json", config)
+    yield from _member("manifest.json", manifest)
     yield bytes(2 * tarfile.BLOCKSIZE)
 
 
-def _write_atomic(target: Path, data: bytes) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
+def _member(name: str, source: bytes | Path):
+    size = len(source) if isinstance(source, bytes) else source.stat().st_size
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, 0o644
+    yield info.tobuf(tarfile.GNU_FORMAT)  # GNU: sizes past 8 GiB
+    if isinstance(source, bytes):
+        yield source
+    else:
+        sent = 0
+        with open(source, "rb") as f:
+            while chunk := f.read(CHUNK):
+                sent += len(chunk)
+                yield chunk
+        if sent != size:
+            raise SpoolError(f"{source} changed while it was being sent ({sent} of {size} B)")
+    yield bytes(-size % tarfile.BLOCKSIZE)
+
+
+def member_size(size: int) -> int:
+    """What a file of `size` bytes takes in the tar: header and padding."""
+    return tarfile.BLOCKSIZE + size + (-size % tarfile.BLOCKSIZE)
 
 
 def prune(root: Path | None = None) -> int:
