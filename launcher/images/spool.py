@@ -17,7 +17,6 @@ images that share a base share its files, and a re-ship of the same image saves 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -167,24 +166,61 @@ def _spool_guarded(engine, spooling: Spooling) -> None:
         spooling._note(error=SpoolError(why))
 
 
-class _Chunks(io.RawIOBase):
-    """A generator of byte chunks as a readable file, for tarfile's stream mode."""
+class _Stream:
+    """The save as it arrives (a generator of byte chunks), read without copying where it can."""
 
     def __init__(self, chunks):
         self._chunks, self._left = iter(chunks), memoryview(b"")
 
-    def readable(self) -> bool:
-        return True
+    def pieces(self, n: int):
+        """The next `n` bytes, as the pieces they arrive in."""
+        while n > 0:
+            if not self._left:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    raise SpoolError("the `docker save` stream ended mid-file")
+                self._left = memoryview(chunk)
+            piece, self._left = self._left[:n], self._left[n:]
+            n -= len(piece)
+            yield piece
 
-    def readinto(self, buffer) -> int:
-        while not self._left:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._left = memoryview(chunk)
-        n = min(len(buffer), len(self._left))
-        buffer[:n], self._left = self._left[:n], self._left[n:]
-        return n
+    def read(self, n: int) -> bytes:
+        return b"".join(self.pieces(n))
+
+
+def _members(stream: _Stream):
+    """(size, pieces) of every regular file in a tar stream, its data read as it is iterated
+    (the caller must read it all). Names do not matter here: files are known by their hash. A
+    pax header may carry the next file's size (past 8 GiB)."""
+    size_override = None
+    while True:
+        header = stream.read(tarfile.BLOCKSIZE)
+        if header == bytes(tarfile.BLOCKSIZE):
+            return  # the end-of-archive blocks
+        info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        size = info.size
+        if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+            data = stream.read(size)
+            stream.read(-size % tarfile.BLOCKSIZE)
+            if info.type == tarfile.XHDTYPE:
+                size_override = _pax_size(data)
+            continue
+        if size_override is not None:
+            size, size_override = size_override, None
+        if info.type in tarfile.REGULAR_TYPES:
+            yield size, stream.pieces(size)
+        else:
+            for _ in stream.pieces(size):
+                pass
+        stream.read(-size % tarfile.BLOCKSIZE)
+
+
+def _pax_size(data: bytes) -> int | None:
+    for record in data.split(b"\n"):
+        _, _, field = record.partition(b" ")
+        if field.startswith(b"size="):
+            return int(field[5:])
+    return None
 
 
 def _spool(chunks, spooling: Spooling) -> None:
@@ -194,18 +230,16 @@ def _spool(chunks, spooling: Spooling) -> None:
     image = spooling.image_id.split(":")[-1]
     config = None
     with tempfile.TemporaryDirectory(dir=spooling.root, prefix=".spooling-") as tmp:
-        with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks), CHUNK), mode="r|") as save:
-            for member in save:
-                if not member.isfile():
-                    continue  # directories; a repeated layer is a link to its first copy
-                digest, path = _copy_hashed(save.extractfile(member), Path(tmp) / "member")
-                if digest in wanted:
-                    target = spooling.path("sha256:" + digest)
-                    if not target.exists():  # else an earlier save brought the same layer
-                        os.replace(path, target)
-                    spooling._note(layer="sha256:" + digest)
-                elif digest == image:
-                    config = path.read_bytes()
+        path = Path(tmp) / "member"
+        for _, pieces in _members(_Stream(chunks)):
+            digest = _copy_hashed(pieces, path)
+            if digest in wanted:
+                target = spooling.path("sha256:" + digest)
+                if not target.exists():  # else an earlier save brought the same layer
+                    os.replace(path, target)
+                spooling._note(layer="sha256:" + digest)
+            elif digest == image:
+                config = path.read_bytes()
     if config is None:
         raise SpoolError(f"`docker save` of {spooling.image_id} held no config with that digest; re-run")
     index = spooling._index()
@@ -215,13 +249,13 @@ def _spool(chunks, spooling: Spooling) -> None:
     spooling._note(config=config, done=True)
 
 
-def _copy_hashed(source, path: Path) -> tuple[str, Path]:
+def _copy_hashed(pieces, path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "wb") as out:
-        while chunk := source.read(CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
-    return digest.hexdigest(), path
+        for piece in pieces:
+            digest.update(piece)
+            out.write(piece)
+    return digest.hexdigest()
 
 
 def load_tar(spooling: Spooling, have: int, tag: str):
