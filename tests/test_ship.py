@@ -394,7 +394,7 @@ def test_cli_json_and_dry_run(sandbox, group, client, images):
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         hosts = [sandbox.rank(n)["address"] for n in sandbox.names]
-        assert data == {"ranks": [{"rank": i, "host": hosts[i], "images": [fresh], "bytes": 0, "seconds": 0.0,
+        assert data == {"ranks": [{"rank": i, "host": hosts[i], "images": [fresh], "bytes": 0, "missing": 0, "seconds": 0.0,
                                    "status": "planned", "error": None} for i in range(4)]}
         assert image_events_since(sandbox, since) == {n: [] for n in sandbox.names}
         assert images_on_ranks(sandbox) == before

@@ -469,10 +469,13 @@ def _feed(channel: paramiko.Channel, data) -> None:
             for start in range(0, len(chunk), FEED_CHUNK):
                 channel.sendall(chunk[start:start + FEED_CHUNK])
         channel.shutdown_write()
-    except (OSError, paramiko.SSHException):
+    except (OSError, EOFError, paramiko.SSHException):
         pass  # the command ended or the connection dropped: its result says which
     except Exception:  # the source failed (its owner keeps why): the command must not wait for the rest
-        channel.close()
+        try:
+            channel.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
 
 
 class ByteCounter:
