@@ -90,13 +90,13 @@ def test_spool_keeps_layers_by_diff_id_and_the_load_tar_holds_only_the_missing(t
     for diff_id, data in zip(DIFF_IDS, LAYERS + [b""]):
         assert (tmp_path / "layers" / diff_id[7:]).read_bytes() == data
     names = [f"{d[7:]}/layer.tar" for d in DIFF_IDS]
-    got = members(spool.load_tar(spooling, 1, "sparkstack-incoming:abc"))
+    got = members(spool.load_tar(spooling, 1))
     # the rank has the lowest layer: the second and the (repeated) empty one are sent, once
     assert got == {names[1]: LAYERS[1], names[2]: b"", "config.json": CONFIG,
-                   "manifest.json": json.dumps([{"Config": "config.json", "RepoTags": ["sparkstack-incoming:abc"],
+                   "manifest.json": json.dumps([{"Config": "config.json", "RepoTags": None,
                                                  "Layers": names}]).encode()}
     assert spooling.tar_size(1) == sum(spool.member_size(len(d)) for d in (LAYERS[1], b"")) + 1024
-    assert set(members(spool.load_tar(spooling, 4, "t:1"))) == {"config.json", "manifest.json"}
+    assert set(members(spool.load_tar(spooling, 4))) == {"config.json", "manifest.json"}
 
 
 def test_a_spooled_image_is_not_saved_again(tmp_path):
@@ -110,7 +110,7 @@ def test_a_save_without_a_layer_or_the_config_fails_the_ship_with_why(tmp_path):
     short = legacy_save().replace(LAYERS[1], os.urandom(len(LAYERS[1])))  # a layer that is not the one
     spooling = spool.start(Engine(short), IMAGE_ID, DIFF_IDS, root=tmp_path)
     with pytest.raises(spool.SpoolError, match=f"did not hold layer.*{DIFF_IDS[1]}"):
-        b"".join(spool.load_tar(spooling, 0, "t:1"))
+        b"".join(spool.load_tar(spooling, 0))
     broken = spool.start(Engine(ConnectionError("engine went away")), IMAGE_ID, DIFF_IDS, root=tmp_path / "b")
     with pytest.raises(spool.SpoolError, match="`docker save` of image sha256:.* on this host failed: "
                                                  "ConnectionError: engine went away; re-run"):
@@ -144,3 +144,17 @@ def test_progress_says_moved_of_missing_rate_and_eta_at_most_every_2_s(monkeypat
     assert sum(len(c) for c in progress.count(chunks())) == 50_000_000
     assert lines == ["rank 1 (spark2): 30.0 MB, 15.0 MB/s (this host is still reading the image)",
                      "rank 1 (spark2): 50.0 of 100.0 MB, 11.1 MB/s, ETA 4 s"]
+
+
+def test_a_feed_hands_on_the_save_verbatim_and_a_dropped_one_holds_up_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(spool, "FEED_CHUNKS", 2)
+    save = legacy_save()
+    spooling = spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=2)
+    reader, quitter = spooling.take_feed(), spooling.take_feed()
+    assert spooling.take_feed() is None
+    next(iter(quitter))
+    quitter.dropped = True  # its rank failed: the save goes on for the other
+    assert b"".join(reader) == save
+    assert spooling.finished() == CONFIG and spooling.save_bytes == len(save)
+    # spooled: no save runs, so no feed; a rank lacking everything gets load_tar(…, 0)
+    assert spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=1).take_feed() is None

@@ -16,7 +16,6 @@ fed by a registry on this host (launcher/images/registry.py).
 from __future__ import annotations
 
 import re
-import secrets
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
@@ -133,22 +132,38 @@ def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None)
 
 
 def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> None:
-    """Each rank's `docker load` gets only the layers it lacks, from this host's spool, every
-    rank at once; a layer goes out as soon as this host's save has passed it."""
+    """Each rank's `docker load` gets only the layers it lacks, every rank at once: from this
+    host's spool, a layer as soon as this host's save has passed it; a rank that lacks every
+    layer of an image gets the save stream itself, as it comes."""
     from . import spool
     from .local_docker import connect
 
-    engine = connect()
-    saves = {ref: spool.start(engine, plan.local_ids[ref], engine.diff_ids(plan.local_ids[ref]), say=say)
-             for ref in plan.needed}
+    by_rank = {c.target.rank: c for c in group.connections}
     outcome = {r.rank: r for r in todo}
+    engine = connect()
+    diff_ids = {ref: engine.diff_ids(plan.local_ids[ref]) for ref in plan.needed}
+    haves: dict[int, dict[str, int]] = {}  # rank -> ref -> how many of its lowest layers the rank has
+    for result in Group([by_rank[r.rank] for r in todo]).run(RANK_LAYERS, timeout=120).results:
+        rank = outcome[result.target.rank]
+        if not result.ok:
+            rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), result.target.name)
+            say(_progress_line(result.target.name, rank))
+            continue
+        chains = [line.split() for line in result.stdout.splitlines()]
+        haves[rank.rank] = {}
+        for ref in rank.images:
+            haves[rank.rank][ref] = have_layers(diff_ids[ref], chains)
+            chains.append(diff_ids[ref])  # the next image may stand on this one
+    todo = [r for r in todo if r.status == Status.PLANNED]
+    saves = {ref: spool.start(engine, plan.local_ids[ref], diff_ids[ref], say=say,
+                              feeds=sum(haves[r.rank].get(ref) == 0 for r in todo))
+             for ref in plan.needed}
 
     def ship_one(conn: Connection) -> None:
         rank = outcome[conn.target.rank]
-        _load_rank(conn, rank, plan.local_ids, saves, say)
+        _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], haves[rank.rank][ref]) for ref in rank.images], say)
         say(_progress_line(conn.target.name, rank))
 
-    by_rank = {c.target.rank: c for c in group.connections}
     for o in Group([by_rank[r.rank] for r in todo]).gather(ship_one):
         if not o.ok:
             rank = outcome[o.rank]
@@ -161,32 +176,25 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
             say(f"{ref}: {e.message}")
 
 
-def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], saves: dict, say) -> None:
+def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], loads: list[tuple], say) -> None:
+    """`loads`: per image (ref, its spool, how many of its lowest layers the rank has)."""
     from . import spool
 
     started = time.monotonic()
+    streams = [(ref, spooling, have, spooling.take_feed() if have == 0 else None) for ref, spooling, have in loads]
+
+    def missing() -> int | None:
+        sizes = [(spooling.save_bytes if spooling.done else None) if feed else spooling.tar_size(have)
+                 for _, spooling, have, feed in streams]
+        return None if None in sizes else sum(sizes)
+
+    progress = Progress(conn.target.name, missing, say)
     try:
-        answer = conn.run(RANK_LAYERS, timeout=120)
-        if not answer.ok:
-            rank.status, rank.error = Status.FAILED, _docker_hint(answer.why(), conn.target.name)
-            return
-        chains = [line.split() for line in answer.stdout.splitlines()]
-        loads = []
-        for ref in rank.images:
-            spooling = saves[ref]
-            loads.append((ref, spooling, have_layers(spooling.diff_ids, chains)))
-            chains.append(spooling.diff_ids)  # the next image may stand on this one
-
-        def missing() -> int | None:
-            sizes = [spooling.tar_size(have) for _, spooling, have in loads]
-            return None if None in sizes else sum(sizes)
-
-        progress = Progress(conn.target.name, missing, say)
-        for ref, spooling, have in loads:
-            tag = f"sparkstack-incoming:{secrets.token_hex(8)}"
+        for ref, spooling, have, feed in streams:
             failed: list[Exception] = []
-            result = conn.run(_load_command(tag, ref, local_ids[ref]), timeout=PULL_TIMEOUT_S,
-                              stdin=progress.count(_noting(spool.load_tar(spooling, have, tag), failed)))
+            chunks = feed if feed is not None else spool.load_tar(spooling, have)
+            result = conn.run(_load_command(ref, local_ids[ref]), timeout=PULL_TIMEOUT_S,
+                              stdin=progress.count(_noting(chunks, failed)))
             rank.bytes = progress.moved
             rank.missing = max(missing() or 0, rank.bytes)
             if failed:
@@ -197,6 +205,9 @@ def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], save
                 return
         rank.status = Status.SHIPPED
     finally:
+        for _, _, _, feed in streams:
+            if feed is not None:
+                feed.dropped = True  # a load that never started or stopped early holds up no one
         rank.seconds = round(time.monotonic() - started, 3)
 
 
@@ -250,15 +261,14 @@ class Progress:
                 f"{rate / 1e6:.1f} MB/s, ETA {eta:.0f} s")
 
 
-def _load_command(tag: str, ref: str, image_id: str) -> str:
-    """Load the tar on stdin under `tag`, check the image ID, and only then give it its real tag."""
-    t, r = shlex.quote(tag), shlex.quote(ref)
-    return (f"docker load -q >/dev/null && "
-            f"id=$(docker image inspect --format '{{{{.Id}}}}' {t}) && "
-            f"if [ \"$id\" != {shlex.quote(image_id)} ]; then docker rmi {t} >/dev/null; "
-            f"echo \"image ID $id differs from the build host's {image_id}\" >&2; exit 3; fi && "
-            f"docker tag {t} {r} && docker rmi {t} >/dev/null; "
-            f"rc=$?; [ $rc -eq 0 ] || docker rmi {t} >/dev/null 2>&1; exit $rc")
+def _load_command(ref: str, image_id: str) -> str:
+    """Load the tar on stdin (it names no tag: the image loads by ID), check the image ID, and
+    only then give it its tag."""
+    want, r = shlex.quote(image_id), shlex.quote(ref)
+    return (f"out=$(docker load -q) && id=$(printf '%s\\n' \"$out\" | sed -n 's/^Loaded image ID: //p' | tail -n 1) && "
+            f"if [ \"$id\" != {want} ]; then "
+            f"echo \"docker load gave image ${{id:-(no ID: $out)}}, not the build host's {image_id}\" >&2; exit 3; fi && "
+            f"docker tag \"$id\" {r}")
 
 
 def _apply_registry(plan: ShipPlan, group: Group, todo: list[RankShip], say, relay: "Route") -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
 import tarfile
 import tempfile
@@ -30,6 +31,7 @@ from ..errors import SparkstackError
 SPOOL = Path("~/.cache/sparkstack/spool").expanduser()
 KEEP_IMAGES = 4       # the most recently spooled images whose layers are kept
 CHUNK = 1 << 20
+FEED_CHUNKS = 32      # a feed's reader may lag the save by this many chunks (32 MiB)
 
 
 class SpoolError(SparkstackError):
@@ -44,6 +46,8 @@ class Spooling:
         self.config: bytes | None = None
         self.error: SpoolError | None = None
         self.done = False
+        self.save_bytes = 0     # the whole save's size, once it has passed
+        self.feeds: list[Feed] = []  # copies of the save stream as it passes, for ranks lacking it all
         self._ready: set[str] = set()
         self._changed = threading.Condition()
 
@@ -89,6 +93,11 @@ class Spooling:
                 return None
         return sum(member_size(self.path(d).stat().st_size) for d in wanted) + 2 * tarfile.BLOCKSIZE
 
+    def take_feed(self) -> "Feed | None":
+        """A copy of the save stream, verbatim, if this spool is reading one and a copy is left."""
+        with self._changed:
+            return self.feeds.pop() if self.feeds else None
+
     def finished(self) -> bytes:
         """The config once the whole save has passed (raises why it failed)."""
         with self._changed:
@@ -99,8 +108,11 @@ class Spooling:
             return self.config
 
 
-def start(engine, image_id: str, diff_ids: list[str], root: Path | None = None, say=lambda line: None) -> Spooling:
-    """The image's spool: complete already, or being filled by a `docker save` in a thread."""
+def start(engine, image_id: str, diff_ids: list[str], root: Path | None = None, say=lambda line: None,
+          feeds: int = 0) -> Spooling:
+    """The image's spool: complete already, or being filled by a `docker save` in a thread, which
+    also hands the stream as it comes to `feeds` readers (`take_feed`): a rank that lacks every
+    layer loads the save itself, from its first byte, instead of waiting for layers to pass."""
     root = root or SPOOL
     spooling = Spooling(image_id, diff_ids, root)
     for diff_id in diff_ids:
@@ -115,6 +127,7 @@ def start(engine, image_id: str, diff_ids: list[str], root: Path | None = None, 
         "the ranks' sends start as its layers pass")
     _prepare(root)
     _trim(root, keep=set(diff_ids))
+    spooling.feeds = [Feed() for _ in range(feeds)]
     threading.Thread(target=_spool_guarded, args=(engine, spooling), daemon=True,
                      name=f"spool {image_id[7:19]}").start()
     return spooling
@@ -153,8 +166,9 @@ def _trim(root: Path, keep: set[str]) -> None:
 
 def _spool_guarded(engine, spooling: Spooling) -> None:
     image_id, root = spooling.image_id, spooling.root
+    feeds = list(spooling.feeds)
     try:
-        _spool(engine.api.get_image(image_id, chunk_size=CHUNK), spooling)
+        _spool(_copied(engine.api.get_image(image_id, chunk_size=CHUNK), feeds, spooling), spooling)
     except SpoolError as e:
         spooling._note(error=e)
     except Exception as e:  # this host's disk; docker-py's errors, the engine gone mid-save
@@ -164,6 +178,44 @@ def _spool_guarded(engine, spooling: Spooling) -> None:
         else:
             why = f"`docker save` of image {image_id} on this host failed: {type(e).__name__}: {e}; re-run"
         spooling._note(error=SpoolError(why))
+    finally:
+        for feed in feeds:
+            feed.put(spooling.error)  # None: the end
+
+
+def _copied(chunks, feeds: list["Feed"], spooling: Spooling):
+    """The save's chunks, each also handed to every feed that is still read."""
+    for chunk in chunks:
+        spooling.save_bytes += len(chunk)
+        for feed in feeds:
+            feed.put(chunk)
+        yield chunk
+
+
+class Feed:
+    """One reader's copy of the save stream, at most FEED_CHUNKS chunks ahead of it. A reader that
+    stops (its rank failed) is dropped, so it never holds up the save or the others."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue(maxsize=FEED_CHUNKS)
+        self.dropped = False
+
+    def put(self, item) -> None:
+        while not self.dropped:
+            try:
+                self._queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                pass
+
+    def __iter__(self):
+        try:
+            while (item := self._queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            self.dropped = True
 
 
 class _Stream:
@@ -231,7 +283,8 @@ def _spool(chunks, spooling: Spooling) -> None:
     config = None
     with tempfile.TemporaryDirectory(dir=spooling.root, prefix=".spooling-") as tmp:
         path = Path(tmp) / "member"
-        for _, pieces in _members(_Stream(chunks)):
+        stream = _Stream(chunks)
+        for _, pieces in _members(stream):
             digest = _copy_hashed(pieces, path)
             if digest in wanted:
                 target = spooling.path("sha256:" + digest)
@@ -240,6 +293,8 @@ def _spool(chunks, spooling: Spooling) -> None:
                 spooling._note(layer="sha256:" + digest)
             elif digest == image:
                 config = path.read_bytes()
+        for _ in stream._chunks:
+            pass  # the padding after the end blocks: the feeds hand on the save whole
     if config is None:
         raise SpoolError(f"`docker save` of {spooling.image_id} held no config with that digest; re-run")
     index = spooling._index()
@@ -258,17 +313,17 @@ def _copy_hashed(pieces, path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_tar(spooling: Spooling, have: int, tag: str):
+def load_tar(spooling: Spooling, have: int):
     """The chunks of a tar for `docker load`: the layers above the `have` lowest (which the rank
-    has), each as soon as it is ready; then the config and the manifest, which loads the image
-    under `tag`. Memory stays at one chunk."""
+    has), each as soon as it is ready; then the config and the manifest (which names no tag: the
+    image loads untagged, by ID). Memory stays at one chunk."""
     names = [f"{d.split(':')[-1]}/layer.tar" for d in spooling.diff_ids]
     wanted = set(spooling.diff_ids[have:])
     while (diff_id := spooling.next_ready(wanted)) is not None:
         wanted.discard(diff_id)
         yield from _member(names[spooling.diff_ids.index(diff_id)], spooling.path(diff_id))
     config = spooling.finished()
-    manifest = json.dumps([{"Config": "config.json", "RepoTags": [tag], "Layers": names}]).encode()
+    manifest = json.dumps([{"Config": "config.json", "RepoTags": None, "Layers": names}]).encode()
     yield from _member("config.json", config)
     yield from _member("manifest.json", manifest)
     yield bytes(2 * tarfile.BLOCKSIZE)
