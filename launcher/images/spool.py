@@ -24,6 +24,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from ..errors import SparkstackError
@@ -31,6 +32,7 @@ from ..errors import SparkstackError
 SPOOL = Path("~/.cache/sparkstack/spool").expanduser()
 KEEP_IMAGES = 4       # the most recently spooled images whose layers are kept
 CHUNK = 1 << 20
+STALE_S = 6 * 3600   # a spooling directory untouched this long was left by an interrupted ship
 FEED_CHUNKS = 32      # a feed's reader may lag the save by this many chunks (32 MiB)
 
 
@@ -146,6 +148,9 @@ def _prepare(root: Path) -> None:
     for sub in ("images", "layers"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)  # it holds every image shipped
+    for left in root.glob(".spooling-*"):  # a ship interrupted mid-save (Ctrl+C) left it
+        if time.time() - left.stat().st_mtime > STALE_S:
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def _trim(root: Path, keep: set[str]) -> None:
