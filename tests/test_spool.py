@@ -158,3 +158,11 @@ def test_a_feed_hands_on_the_save_verbatim_and_a_dropped_one_holds_up_nothing(tm
     assert spooling.finished() == CONFIG and spooling.save_bytes == len(save)
     # spooled: no save runs, so no feed; a rank lacking everything gets load_tar(…, 0)
     assert spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=1).take_feed() is None
+
+
+def test_when_every_rank_lacks_every_layer_the_save_only_passes_through(tmp_path):
+    save = legacy_save()
+    spooling = spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=1, keep=False)
+    assert b"".join(spooling.take_feed()) == save
+    spooling.finished()
+    assert not (tmp_path / "layers").exists()  # nothing hashed or written here

@@ -155,9 +155,14 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
             haves[rank.rank][ref] = have_layers(diff_ids[ref], chains)
             chains.append(diff_ids[ref])  # the next image may stand on this one
     todo = [r for r in todo if r.status == Status.PLANNED]
-    saves = {ref: spool.start(engine, plan.local_ids[ref], diff_ids[ref], say=say,
-                              feeds=sum(haves[r.rank].get(ref) == 0 for r in todo))
-             for ref in plan.needed}
+    saves = {}
+    for ref in plan.needed:
+        lacking = [haves[r.rank][ref] == 0 for r in todo if ref in r.images]
+        if not lacking:
+            continue  # the ranks that lacked it could not say which layers they have
+        # every rank lacks all of it: the save goes to them as it comes, and is not kept here
+        saves[ref] = spool.start(engine, plan.local_ids[ref], diff_ids[ref], say=say,
+                                 feeds=sum(lacking), keep=not all(lacking))
 
     def ship_one(conn: Connection) -> None:
         rank = outcome[conn.target.rank]

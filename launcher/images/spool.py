@@ -111,10 +111,11 @@ class Spooling:
 
 
 def start(engine, image_id: str, diff_ids: list[str], root: Path | None = None, say=lambda line: None,
-          feeds: int = 0) -> Spooling:
+          feeds: int = 0, keep: bool = True) -> Spooling:
     """The image's spool: complete already, or being filled by a `docker save` in a thread, which
     also hands the stream as it comes to `feeds` readers (`take_feed`): a rank that lacks every
-    layer loads the save itself, from its first byte, instead of waiting for layers to pass."""
+    layer loads the save itself, from its first byte, instead of waiting for layers to pass.
+    `keep` False (every rank lacks every layer): only the feeds, nothing hashed or written here."""
     root = root or SPOOL
     spooling = Spooling(image_id, diff_ids, root)
     for diff_id in diff_ids:
@@ -125,12 +126,13 @@ def start(engine, image_id: str, diff_ids: list[str], root: Path | None = None, 
         os.utime(spooling._index())  # recently used: kept by _trim
         spooling._note(config=config, done=True)
         return spooling
-    say(f"reading image {image_id[7:19]} on this host (docker save, once per image, into {root}); "
-        "the ranks' sends start as its layers pass")
-    _prepare(root)
-    _trim(root, keep=set(diff_ids))
     spooling.feeds = [Feed() for _ in range(feeds)]
-    threading.Thread(target=_spool_guarded, args=(engine, spooling), daemon=True,
+    if keep:
+        say(f"reading image {image_id[7:19]} on this host (docker save, once per image, into {root}); "
+            "the ranks' sends start as its layers pass")
+        _prepare(root)
+        _trim(root, keep=set(diff_ids))
+    threading.Thread(target=_spool_guarded, args=(engine, spooling, keep), daemon=True,
                      name=f"spool {image_id[7:19]}").start()
     return spooling
 
@@ -169,11 +171,17 @@ def _trim(root: Path, keep: set[str]) -> None:
             layer.unlink(missing_ok=True)
 
 
-def _spool_guarded(engine, spooling: Spooling) -> None:
+def _spool_guarded(engine, spooling: Spooling, keep: bool) -> None:
     image_id, root = spooling.image_id, spooling.root
     feeds = list(spooling.feeds)
     try:
-        _spool(_copied(engine.api.get_image(image_id, chunk_size=CHUNK), feeds, spooling), spooling)
+        chunks = _copied(engine.api.get_image(image_id, chunk_size=CHUNK), feeds, spooling)
+        if keep:
+            _spool(chunks, spooling)
+        else:
+            for _ in chunks:
+                pass
+            spooling._note(done=True)
     except SpoolError as e:
         spooling._note(error=e)
     except Exception as e:  # this host's disk; docker-py's errors, the engine gone mid-save
