@@ -5,8 +5,9 @@ Every method in the same run, over the same SSH connections (launcher.transport.
 
   (a) first ship, one rank and then four in parallel, side by side: a fresh image per round (the
       sandbox base + a stage + a top layer, random so nothing compresses; the ranks have the base)
-        ship:  launcher.images.ship, wall from asking the ranks to the last tag, the spooling
-               `docker save` on this host included (and again with the spool ready: send + load);
+        ship:  launcher.images.ship, wall from asking the ranks to the last tag, this host's
+               `docker save` included; then again after the ranks forgot the image (the layers
+               from this host's spool; for an image no rank had any of, the save again);
         naive: `docker save IMG | ssh rank docker load` (the save done once, in memory), of the
                same image after the ranks forgot it;
         raw:   `cat > /dev/null` of ship's bytes per rank on stdin (Connection.run), and
@@ -129,12 +130,12 @@ def first_ship_round(group, client, base: str | None, n: int, args, refs: list[s
     refs.append(ref)
     forget = f"docker rmi {ref} >/dev/null"
     rows = []
-    plan, wall = ship_refs(sub, client, [ref])  # the spool is empty for this image: save included
+    plan, wall = ship_refs(sub, client, [ref])  # the first: this host reads the image (docker save)
     per_rank = max(r.bytes for r in plan.ranks)
     rows.append(("ship (incl. save)", per_rank, wall))
     sub.run(forget)
     plan, wall = ship_refs(sub, client, [ref])
-    rows.append(("ship (spool ready)", max(r.bytes for r in plan.ranks), wall))
+    rows.append(("ship (again)", max(r.bytes for r in plan.ranks), wall))
     sub.run(forget)
     nbytes, nwall, _ = naive(sub, client, ref)
     rows.append(("naive save|load", nbytes, nwall))
