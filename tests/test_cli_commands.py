@@ -291,7 +291,7 @@ def test_prep_no_drop_leaves_the_page_cache(sandbox):
 def test_ship_without_an_image_ships_the_profiles_and_prints_a_table(sandbox, tmp_path):
     """No --image: ship sends the image the profile serves, the one `plan` names. --dry-run
     says per rank what it lacks and moves nothing; then one table row per rank, shipped with
-    bytes and seconds; a second ship finds every rank up to date."""
+    bytes moved of missing, seconds and rate; a second ship finds every rank up to date."""
     tag = f"sparkstack-test/ship-default:{uuid.uuid4().hex[:8]}"
     subprocess.run(["docker", "tag", sandbox.images["vllm"], tag], check=True)
     cfg = str(prebuilt_config(sandbox, tmp_path, tag))
@@ -312,7 +312,7 @@ def test_ship_without_an_image_ships_the_profiles_and_prints_a_table(sandbox, tm
 
         for r, line in enumerate(rows(cli("ship", "-c", cfg))):
             assert re.fullmatch(rf"rank {r} {re.escape(addr[r])} +shipped +{re.escape(tag)} "
-                                r"\(\d+\.\d MB, \d+\.\d s\)", line), line
+                                r"\(\d+\.\d of \d+\.\d MB in \d+\.\d s, \d+\.\d MB/s\)", line), line
         want = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True,
                               text=True, check=True).stdout.strip()
         assert {sandbox.run(n, f"docker image inspect -f '{{{{.Id}}}}' {tag}")[1].strip()

@@ -108,19 +108,29 @@ def _path_without(name: str, where: Path) -> str:
 
 
 def test_ship_without_docker_registry_says_how_to_install_it(sandbox, tmp_path):
-    """`sparkstack ship` on a build host without docker-registry, with an image a rank lacks:
-    one message naming the missing program and the apt command, exit 1, nothing shipped."""
+    """`sparkstack ship --relay` on a build host without docker-registry, with an image a rank
+    lacks: one message naming the missing program and the apt command, exit 1, nothing shipped.
+    A plain ship needs no registry: it goes through."""
     tag = f"sparkstack-test/no-registry:{uuid.uuid4().hex[:8]}"
     empty = subprocess.run(["tar", "-cf", "-", "-T", "/dev/null"], capture_output=True, check=True).stdout
     subprocess.run(["docker", "import", "-", tag], input=empty, capture_output=True, check=True)
+    env = dict(os.environ, PATH=_path_without(registry.REGISTRY_BINARY, tmp_path / "bin"))
+
+    def ship(*flags):
+        return subprocess.run([str(Path(sys.executable).with_name("sparkstack")), "ship", "-c", str(sandbox.config),
+                               "--image", tag, *flags], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+
     try:
-        env = dict(os.environ, PATH=_path_without(registry.REGISTRY_BINARY, tmp_path / "bin"))
-        res = subprocess.run([str(Path(sys.executable).with_name("sparkstack")), "ship", "-c", str(sandbox.config),
-                              "--image", tag], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+        res = ship("--relay")
         assert res.returncode == 1, res.stdout + res.stderr
         assert ("error: `docker-registry` is not installed on this host; install it (Debian/Ubuntu: "
                 "apt-get install docker-registry)") in res.stderr
         assert "Traceback" not in res.stdout + res.stderr
         assert sandbox.run("spark1", f"docker image inspect {tag}")[0] != 0  # nothing reached a rank
+        res = ship()
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert sandbox.run("spark1", f"docker image inspect {tag}")[0] == 0
     finally:
         subprocess.run(["docker", "rmi", tag], capture_output=True)
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi {tag} >/dev/null 2>&1; true")

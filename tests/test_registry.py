@@ -10,7 +10,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from launcher.images import registry
+from launcher.images import registry, spool
 from launcher.cli.commands import main
 
 pytestmark = pytest.mark.skipif(shutil.which(registry.REGISTRY_BINARY) is None,
@@ -45,6 +45,9 @@ def test_storage_is_private_even_when_it_was_not(tmp_path):
 def test_prune_empties_the_storage_but_not_under_a_running_ship(tmp_path, monkeypatch):
     storage = tmp_path / "registry"
     monkeypatch.setattr(registry, "STORAGE", storage)
+    monkeypatch.setattr(spool, "SPOOL", tmp_path / "spool")
+    (tmp_path / "spool" / "layers").mkdir(parents=True)
+    (tmp_path / "spool" / "layers" / "ab").write_bytes(b"z" * 20_000_000)
     with registry.LocalRegistry(storage, engine=object()) as reg:
         upload_blob(reg, b"x" * 300_000)
         result = CliRunner().invoke(main, ["registry-prune"])
@@ -54,7 +57,8 @@ def test_prune_empties_the_storage_but_not_under_a_running_ship(tmp_path, monkey
     result = CliRunner().invoke(main, ["registry-prune"])
     assert result.exit_code == 0, result.output
     assert "registry storage emptied: 0.00 GB freed" in result.output  # 300 kB
-    assert not storage.exists()
+    assert "spool emptied: 0.02 GB freed" in result.output
+    assert not storage.exists() and not (tmp_path / "spool").exists()
     assert registry.prune(storage) == 0  # nothing left: nothing to do
     with registry.LocalRegistry(storage, engine=object()) as reg:  # and it starts afresh
         digest = upload_blob(reg, b"y" * 1000)

@@ -67,6 +67,12 @@ def image_events_since(sandbox, since: str) -> dict[str, list[str]]:
     return {n: sandbox.run(n, command)[1].split("\n")[:-1] for n in sandbox.names}
 
 
+def leftover_tags(sandbox, name) -> list[str]:
+    """The rank's temporary tags: a load's (`sparkstack-incoming:…`) or a registry pull's."""
+    out = sandbox.run(name, "docker images --format '{{.Repository}}:{{.Tag}}'")[1].split()
+    return [t for t in out if t.startswith(("sparkstack-incoming:", "127.0.0.1:"))]
+
+
 def ship_refs(group, client, refs):
     plan = ship.make_plan(group, ship.local_image_ids(refs))
     return ship.apply(plan, group, say=lambda line: None)
@@ -78,9 +84,8 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
     assert [r.status for r in first.ranks] == ["shipped"] * 4, [r.error for r in first.ranks]
     want = client.images.get(base).id
     assert all(rank_image_id(sandbox, n, base) == want for n in sandbox.names)
-    # no registry-named leftovers on the ranks
-    rc, out, _ = sandbox.run("spark1", "docker images --format '{{.Repository}}'")
-    assert "127.0.0.1:" not in out
+    # no temporary tags (the load's) or registry-named leftovers on the ranks
+    assert all(leftover_tags(sandbox, n) == [] for n in sandbox.names)
 
     since, before = rank_clock(sandbox), images_on_ranks(sandbox)
     again = ship.make_plan(group, ship.local_image_ids([base]))
@@ -161,14 +166,14 @@ def throttle(client, container: str, rate: str = "40mbit"):
 
 
 def ship_with_fault(group, client, ref, victim: str, fault, after_s: float = 1.0):
-    """Ship `ref` to every rank; once the victim's `docker pull` has run `after_s`, do `fault`."""
+    """Ship `ref` to every rank; once the victim's `docker load` has run `after_s`, do `fault`."""
     result = {}
     worker = threading.Thread(target=lambda: result.update(plan=ship_refs(group, client, [ref])))
     c = client.containers.get(victim)
     worker.start()
     deadline = time.monotonic() + 120
-    while c.exec_run("pgrep -f 'docker pull'").exit_code != 0:
-        assert time.monotonic() < deadline and worker.is_alive(), "the victim never started pulling"
+    while c.exec_run("pgrep -f 'docker load'").exit_code != 0:
+        assert time.monotonic() < deadline and worker.is_alive(), "the victim never started loading"
         time.sleep(0.1)
     time.sleep(after_s)
     fault(c)
@@ -185,6 +190,7 @@ def reship_completes(sandbox, group, client, ref, victim_rank: int, layer: int):
     moved = plan.ranks[victim_rank].bytes
     assert moved <= 1.1 * layer + 200_000, f"re-ship moved {moved} B for a {layer} B layer"
     assert rank_image_id(sandbox, sandbox.names[victim_rank], ref) == client.images.get(ref).id
+    assert leftover_tags(sandbox, sandbox.names[victim_rank]) == []
 
 
 @pytest.fixture
@@ -221,6 +227,7 @@ def test_sshd_killed_mid_ship(sandbox, client, big):
     assert by_rank[1].status == "failed" and by_rank[1].error.startswith("rank 1 (spark2): connection lost")
     assert "re-run when the rank is back" in by_rank[1].error
     assert rank_image_id(sandbox, "spark2", ref) is None  # no partial tag
+    assert leftover_tags(sandbox, "spark2") == []
     with group_of(sandbox) as group:
         reship_completes(sandbox, group, client, ref, 1, layer)
 
@@ -243,12 +250,13 @@ def test_network_cut_mid_ship(sandbox, client, big):
     assert by_rank[2].status == "failed" and by_rank[2].error.startswith("rank 2 (spark3): connection lost")
     assert took < 60, f"the cut took {took:.0f} s to notice"
     assert rank_image_id(sandbox, "spark3", ref) is None
+    assert leftover_tags(sandbox, "spark3") == []
     with group_of(sandbox) as group:
         reship_completes(sandbox, group, client, ref, 2, layer)
 
 
 def test_disk_full_mid_ship(sandbox, client, big):
-    """Docker downloads into <root>/tmp first: a 4 MB filesystem there fills mid-layer."""
+    """`docker load` unpacks into <root>/tmp first: a 4 MB filesystem there fills mid-layer."""
     ref, layer = big
     victim = client.containers.get("sparkstack-spark4")
     assert victim.exec_run("mount -t tmpfs -o size=4m sandbox-full /var/lib/docker/tmp").exit_code == 0
@@ -262,6 +270,7 @@ def test_disk_full_mid_ship(sandbox, client, big):
     assert by_rank[3].status == "failed" and by_rank[3].error.startswith("rank 3 (spark4): disk full")
     assert "docker image prune, or grow the disk" in by_rank[3].error
     assert rank_image_id(sandbox, "spark4", ref) is None
+    assert leftover_tags(sandbox, "spark4") == []
     with group_of(sandbox) as group:
         reship_completes(sandbox, group, client, ref, 3, layer)
 
@@ -271,15 +280,20 @@ def test_disk_full_mid_ship(sandbox, client, big):
 def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
     """`ship --relay`: every rank pulls from rank 0's registry cache; only rank 0's SSH connection
     carries the new layer, the others' carry nothing; every rank ends with the right ID."""
-    base, top = images
+    # A fresh base, shipped through the relay too: a layer that came by `docker load` (a plain
+    # ship) has no registry digest on the rank, so a rank's first registry pull over it moves it again.
+    route = relay.route(config.load(sandbox.config))
+    base = build_on(client, sandbox.images["vllm"], f"relaybase{uuid.uuid4().hex[:4]}", 200_000)
     ref = build_on(client, base, f"relay{uuid.uuid4().hex[:4]}", 3_000_000)
     layer = client.images.get(ref).history()[1]["Size"]
     try:
         with group_of(sandbox) as group:
-            assert all(r.status != "failed" for r in ship_refs(group, client, [base]).ranks)
+            first = ship.apply(ship.make_plan(group, ship.local_image_ids([base])), group, say=lambda line: None,
+                               relay=route)
+            assert all(r.status != "failed" for r in first.ranks)
             plan = ship.make_plan(group, ship.local_image_ids([ref]))
             lines = []
-            ship.apply(plan, group, say=lines.append, relay=relay.route(config.load(sandbox.config)))
+            ship.apply(plan, group, say=lines.append, relay=route)
         assert [r.status for r in plan.ranks] == ["shipped"] * 4, [r.error for r in plan.ranks]
         uplink = plan.ranks[0].bytes
         # twice, whatever the rank count: distribution's proxy fetches a blob once to stream it to
@@ -293,8 +307,9 @@ def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
         assert relay_left_on(sandbox) == ""
     finally:
         client.images.remove(ref, force=True)
+        client.images.remove(base, force=True)
         for name in sandbox.names:
-            sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
+            sandbox.run(name, f"docker rmi -f {ref} {base} >/dev/null 2>&1; true")
 
 
 def relay_left_on(sandbox) -> str:
@@ -379,7 +394,7 @@ def test_cli_json_and_dry_run(sandbox, group, client, images):
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         hosts = [sandbox.rank(n)["address"] for n in sandbox.names]
-        assert data == {"ranks": [{"rank": i, "host": hosts[i], "images": [fresh], "bytes": 0, "seconds": 0.0,
+        assert data == {"ranks": [{"rank": i, "host": hosts[i], "images": [fresh], "bytes": 0, "missing": 0, "seconds": 0.0,
                                    "status": "planned", "error": None} for i in range(4)]}
         assert image_events_since(sandbox, since) == {n: [] for n in sandbox.names}
         assert images_on_ranks(sandbox) == before

@@ -460,14 +460,17 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
     """Send every rank the images it lacks, and only those.
 
     \b
-    Each rank is asked (by image ID) what it already has. The images go through a registry
-    started on this host for the duration (Debian's docker-registry), reached by each rank
-    through an SSH reverse forward on its own 127.0.0.1: only the layers a rank lacks move,
-    verified by digest. A rank gets the image's tag only once its image ID equals this host's.
-    --relay: every rank pulls from a registry cache on rank 0 instead (rank 0 needs
-    docker-registry), so this host's uplink carries each missing blob twice in all (the cache's
-    fetch and store), not once per rank; `bytes` then shows the uplink's bytes on rank 0.
-    --json prints {"ranks": [{"rank", "host", "images", "bytes", "seconds", "status", "error"}]}.
+    Each rank is asked (by image ID) what it already has, and which layers. This host reads each
+    image once (`docker save`, kept in ~/.cache/sparkstack/spool) and streams into every rank's
+    `docker load`, over its SSH connection, only the layers it lacks (uncompressed), each rank at
+    once, with progress (moved of missing, rate, ETA). A rank gets the image's tag only once its
+    image ID equals this host's. --relay: every rank pulls from a registry cache on rank 0
+    instead, fed by a registry on this host (both Debian's docker-registry), so this host's
+    uplink carries each missing blob twice in all (the cache's fetch and store), not once per
+    rank; `bytes` then shows the uplink's bytes on rank 0. A layer that came by a plain ship has
+    no registry digest on the rank: the first relayed pull over it moves it once more.
+    --json prints {"ranks": [{"rank", "host", "images", "bytes", "missing", "seconds", "status",
+    "error"}]}.
     """
     from ..images import build as build_mod
     from ..images import relay as relay_mod
@@ -497,26 +500,33 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
 
 
 def _what_shipped(rank: dict) -> str:
+    from ..images.ship import RankShip, moved
+
     what = ", ".join(rank["images"]) or "nothing"
-    if rank["status"] == Status.SHIPPED:
-        what += f" ({rank['bytes'] / 1e6:.1f} MB, {rank['seconds']:.1f} s)"
+    if rank["status"] == Status.SHIPPED or rank["missing"]:
+        what += f" ({moved(RankShip(**rank))})"
     return what
 
 
 @main.command("registry-prune")
 @friendly_errors
 def registry_prune():
-    """Empty this host's registry storage (~/.cache/sparkstack/registry).
+    """Empty this host's registry storage (~/.cache/sparkstack/registry) and the spool of saved
+    images (~/.cache/sparkstack/spool).
 
     \b
-    `ship` keeps every image it pushed there, so an unchanged layer is not pushed twice; the
-    storage grows with every build. Pruning frees it all; the next ship pushes its images again
-    (on this host: the ranks still receive only the layers they lack). Refused while a ship runs.
+    `ship --relay` keeps every image it pushed in the registry storage, so an unchanged layer is
+    not pushed twice; `ship` keeps the layers of the last few images it saved in the spool, so a
+    re-ship reads nothing again. Pruning frees both; the next ship reads or pushes its images
+    again (on this host: the ranks still receive only the layers they lack). Refused while a
+    relayed ship runs; a plain ship running meanwhile fails on the ranks still receiving.
     """
-    from ..images import registry
+    from ..images import registry, spool
 
     freed = registry.prune()
     out.print(f"registry storage emptied: {freed / 1e9:.2f} GB freed", markup=False)
+    freed = spool.prune()
+    out.print(f"spool emptied: {freed / 1e9:.2f} GB freed", markup=False)
 
 
 @main.command("ansible-inventory")

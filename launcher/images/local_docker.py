@@ -98,6 +98,21 @@ class LocalDocker:
             raise LocalDockerError(f"docker: looking up image {ref}: {body.decode(errors='replace').strip()}")
         return json.loads(body)["Id"]
 
+    def diff_ids(self, image_id: str) -> list[str]:
+        """The image's layers, bottom first, by diff ID (the digest of each uncompressed layer tar)."""
+        if self._conn is None:
+            return self.api.inspect_image(image_id)["RootFS"]["Layers"]
+        try:
+            self._conn.request("GET", f"/images/{urllib.parse.quote(image_id, safe='')}/json")
+            reply = self._conn.getresponse()
+            body = reply.read()
+        except OSError as e:
+            self._conn.close()
+            raise unreachable(e) from None
+        if reply.status != 200:
+            raise LocalDockerError(f"docker: looking up image {image_id}: {body.decode(errors='replace').strip()}")
+        return json.loads(body)["RootFS"].get("Layers") or []
+
     def _api_image_id(self, ref: str) -> str | None:
         import docker.errors
 

@@ -1,10 +1,16 @@
 """Shipping images to the ranks: only what a rank lacks crosses the wire.
 
 Plan: ask every rank (one command each) which of the images it already has, by image ID.
-Apply: push the images to a registry on this host (launcher.images.registry), give each rank that lacks
-something an SSH reverse forward to it, and let the rank's Docker pull: only missing layers move,
-each verified by digest. A rank gets the final tag only after its image ID equals this host's,
-so a failed or interrupted ship never leaves a half-shipped tag behind.
+Apply: spool each image's `docker save` on this host once (launcher/images/spool.py), ask each rank
+which layers it has (its images' diff IDs), and stream into its `docker load`, over its SSH
+connection, a save-format tar with the manifest, the config and only the layers above the longest
+base it has: Docker's loader reads a layer's file only when that layer's chain is missing, and
+verifies each file it reads against its diff ID. All ranks at once, each at the speed of its own
+connection (no compression: the host's two cores would be the bottleneck, measured 18 MB/s for
+gzip). The image is loaded under a temporary tag; a rank gets the final tag only after its image ID
+equals this host's, so a failed or interrupted ship never leaves a half-shipped tag behind.
+With --relay the ranks pull from a registry cache on rank 0 instead (launcher/images/relay.py),
+fed by a registry on this host (launcher/images/registry.py).
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ if TYPE_CHECKING:  # imported where used: docker-py and httpx cost a no-op ship 
     from .relay import Route
 
 PULL_TIMEOUT_S = 3600
+PROGRESS_S = 2.0  # a rank's progress line at most this often
+# every image's diff IDs, one image a line; a failed inspect (an image deleted meanwhile) only
+# makes the rank look poorer, and it is sent more
+RANK_LAYERS = ("ids=$(docker image ls -aq --no-trunc) || exit $?; echo \"$ids\" | sort -u | "
+               "xargs -r docker image inspect --format '{{range .RootFS.Layers}}{{.}} {{end}}' 2>/dev/null; true")
 
 
 @dataclass
@@ -38,6 +49,7 @@ class RankShip:
     images: list[str]            # refs this rank lacks
     status: Status = Status.PLANNED  # then SHIPPED, UP_TO_DATE or FAILED
     bytes: int = 0               # what crossed the SSH connection for this rank
+    missing: int = 0             # what it lacked, as sent (layers + tar headers); relay: 0
     seconds: float = 0.0
     error: str | None = None
 
@@ -111,36 +123,183 @@ def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None)
     and this host's uplink carries each blob once (launcher/images/relay.py)."""
     if not plan.needed:
         return plan
+    todo = [r for r in plan.ranks if r.status == Status.PLANNED]
+    if relay is None:
+        _apply_loads(plan, group, todo, say)
+    else:
+        _apply_registry(plan, group, todo, say, relay)
+    return plan
+
+
+def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> None:
+    """Each rank's `docker load` gets only the layers it lacks, every rank at once: from this
+    host's spool, a layer as soon as this host's save has passed it; a rank that lacks every
+    layer of an image gets the save stream itself, as it comes."""
+    from . import spool
+    from .local_docker import connect
+
+    by_rank = {c.target.rank: c for c in group.connections}
+    outcome = {r.rank: r for r in todo}
+    engine = connect()
+    diff_ids = {ref: engine.diff_ids(plan.local_ids[ref]) for ref in plan.needed}
+    haves: dict[int, dict[str, int]] = {}  # rank -> ref -> how many of its lowest layers the rank has
+    for result in Group([by_rank[r.rank] for r in todo]).run(RANK_LAYERS, timeout=120).results:
+        rank = outcome[result.target.rank]
+        if not result.ok:
+            rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), result.target.name)
+            say(_progress_line(result.target.name, rank))
+            continue
+        chains = [line.split() for line in result.stdout.splitlines()]
+        haves[rank.rank] = {}
+        for ref in rank.images:
+            haves[rank.rank][ref] = have_layers(diff_ids[ref], chains)
+            chains.append(diff_ids[ref])  # the next image may stand on this one
+    todo = [r for r in todo if r.status == Status.PLANNED]
+    saves = {}
+    for ref in plan.needed:
+        lacking = [haves[r.rank][ref] == 0 for r in todo if ref in r.images]
+        if not lacking:
+            continue  # the ranks that lacked it could not say which layers they have
+        # every rank lacks all of it: the save goes to them as it comes, and is not kept here
+        saves[ref] = spool.start(engine, plan.local_ids[ref], diff_ids[ref], say=say,
+                                 feeds=sum(lacking), keep=not all(lacking))
+
+    def ship_one(conn: Connection) -> None:
+        rank = outcome[conn.target.rank]
+        _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], haves[rank.rank][ref]) for ref in rank.images], say)
+        say(_progress_line(conn.target.name, rank))
+
+    for o in Group([by_rank[r.rank] for r in todo]).gather(ship_one):
+        if not o.ok:
+            rank = outcome[o.rank]
+            rank.status, rank.error = Status.FAILED, o.why()
+            say(_progress_line(o.target.name, rank))
+    for ref, spooling in saves.items():
+        try:
+            spooling.finished()  # a save that failed after every rank had what it needed
+        except spool.SpoolError as e:
+            say(f"{ref}: {e.message}")
+
+
+def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], loads: list[tuple], say) -> None:
+    """`loads`: per image (ref, its spool, how many of its lowest layers the rank has)."""
+    from . import spool
+
+    started = time.monotonic()
+    streams = [(ref, spooling, have, spooling.take_feed() if have == 0 else None) for ref, spooling, have in loads]
+
+    def missing() -> int | None:
+        sizes = [(spooling.save_bytes if spooling.done else None) if feed else spooling.tar_size(have)
+                 for _, spooling, have, feed in streams]
+        return None if None in sizes else sum(sizes)
+
+    progress = Progress(conn.target.name, missing, say)
+    try:
+        for ref, spooling, have, feed in streams:
+            failed: list[Exception] = []
+            chunks = feed if feed is not None else spool.load_tar(spooling, have)
+            result = conn.run(_load_command(ref, local_ids[ref]), timeout=PULL_TIMEOUT_S,
+                              stdin=progress.count(_noting(chunks, failed)))
+            rank.bytes = progress.moved
+            rank.missing = max(missing() or 0, rank.bytes)
+            if failed:
+                rank.status, rank.error = Status.FAILED, f"{conn.target.name}: sending {ref} failed: {failed[0]}"
+                return
+            if not result.ok:
+                rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), conn.target.name)
+                return
+        rank.status = Status.SHIPPED
+    finally:
+        for _, _, _, feed in streams:
+            if feed is not None:
+                feed.dropped = True  # a load that never started or stopped early holds up no one
+        rank.seconds = round(time.monotonic() - started, 3)
+
+
+def have_layers(diff_ids: list[str], chains: list[list[str]]) -> int:
+    """How many of the image's lowest layers the rank has: the longest prefix of `diff_ids` that
+    one of its images (each a chain of diff IDs, bottom first) starts with."""
+    best = 0
+    for chain in chains:
+        n = 0
+        while n < min(len(chain), len(diff_ids)) and chain[n] == diff_ids[n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def _noting(chunks, failed: list):
+    """`chunks`, keeping why they stopped (the spool's file gone, a disk error) for the message."""
+    try:
+        yield from chunks
+    except Exception as e:
+        failed.append(e)
+        raise
+
+
+class Progress:
+    """One rank's bytes moved of its bytes missing (`total()`: None while this host's save has not
+    yet passed every layer the rank lacks); a line through `say` at most every PROGRESS_S."""
+
+    def __init__(self, name: str, total, say):
+        self.name, self.total, self.say = name, total, say
+        self.moved = 0
+        self.started = self.last = time.monotonic()
+
+    def count(self, chunks):
+        for chunk in chunks:
+            yield chunk
+            self.moved += len(chunk)
+            now = time.monotonic()
+            if now - self.last >= PROGRESS_S:
+                self.last = now
+                self.say(self.line(now))
+
+    def line(self, now: float) -> str:
+        rate = self.moved / max(now - self.started, 1e-9)
+        total = self.total()
+        if total is None:
+            return (f"{self.name}: {self.moved / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s "
+                    "(this host is still reading the image)")
+        eta = max(total - self.moved, 0) / rate if rate else float("inf")
+        return (f"{self.name}: {self.moved / 1e6:.1f} of {total / 1e6:.1f} MB, "
+                f"{rate / 1e6:.1f} MB/s, ETA {eta:.0f} s")
+
+
+def _load_command(ref: str, image_id: str) -> str:
+    """Load the tar on stdin (it names no tag: the image loads by ID), check the image ID, and
+    only then give it its tag."""
+    want, r = shlex.quote(image_id), shlex.quote(ref)
+    return (f"out=$(docker load -q) && id=$(printf '%s\\n' \"$out\" | sed -n 's/^Loaded image ID: //p' | tail -n 1) && "
+            f"if [ \"$id\" != {want} ]; then "
+            f"echo \"docker load gave image ${{id:-(no ID: $out)}}, not the build host's {image_id}\" >&2; exit 3; fi && "
+            f"docker tag \"$id\" {r}")
+
+
+def _apply_registry(plan: ShipPlan, group: Group, todo: list[RankShip], say, relay: "Route") -> None:
+    """The relay's way: this host's registry, rank 0's cache in front of it."""
     from .registry import LocalRegistry
 
     by_rank = {c.target.rank: c for c in group.connections}
     with LocalRegistry() as registry:
         for ref in plan.needed:
             registry.push(ref)
-        todo = [r for r in plan.ranks if r.status == Status.PLANNED]
         outcome = {r.rank: r for r in todo}
 
-        def ship_one(conn: Connection, cache=None) -> None:
-            rank = outcome[conn.target.rank]
-            if cache is None:
-                _ship_rank(conn, rank, plan.local_ids, registry)
-            else:
-                _relay_rank(conn, rank, plan.local_ids, registry, cache)
-            say(_progress_line(conn.target.name, rank))
-
-        def ship_many(ranks: list[RankShip], cache=None) -> None:
+        def ship_many(ranks: list[RankShip], cache) -> None:
             """These ranks at once; one whose ship raised is FAILED with why, the others as they went."""
-            for o in Group([by_rank[r.rank] for r in ranks]).gather(lambda conn: ship_one(conn, cache)):
+            def ship_one(conn: Connection) -> None:
+                rank = outcome[conn.target.rank]
+                _relay_rank(conn, rank, plan.local_ids, registry, cache)
+                say(_progress_line(conn.target.name, rank))
+
+            for o in Group([by_rank[r.rank] for r in ranks]).gather(ship_one):
                 if not o.ok:
                     rank = outcome[o.rank]
                     rank.status, rank.error = Status.FAILED, o.why()
                     say(_progress_line(o.target.name, rank))
 
-        if relay is None:
-            ship_many(todo)
-        else:
-            _apply_relayed(plan, by_rank, registry, relay, todo, ship_many, say)
-    return plan
+        _apply_relayed(plan, by_rank, registry, relay, todo, ship_many, say)
 
 
 def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", route: "Route",
@@ -203,27 +362,6 @@ def _relay_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], reg
         rank.seconds = round(time.monotonic() - started, 3)
 
 
-def _ship_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], registry: LocalRegistry) -> None:
-    started = time.monotonic()
-    try:
-        port, counter = conn.reverse_forward(registry.port)
-    except Exception as e:  # the rank went away between plan and apply
-        rank.status, rank.error = Status.FAILED, f"{conn.target.name}: cannot open the registry forward ({e})"
-        return
-    try:
-        for ref in rank.images:
-            result = conn.run(_pull_command(registry.name(ref, port), ref, local_ids[ref]),
-                              timeout=PULL_TIMEOUT_S)
-            if not result.ok:
-                rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), conn.target.name)
-                return
-        rank.status = Status.SHIPPED
-    finally:
-        conn.cancel_forward(port)
-        rank.bytes = counter.total
-        rank.seconds = round(time.monotonic() - started, 3)
-
-
 def _pull_command(source: str, ref: str, image_id: str) -> str:
     """Pull through the forward, check the image ID, and only then give it its real tag.
 
@@ -245,5 +383,12 @@ def _pull_command(source: str, ref: str, image_id: str) -> str:
 
 def _progress_line(name: str, rank: RankShip) -> str:
     if rank.status == Status.SHIPPED:
-        return f"{name}: shipped {', '.join(rank.images)} ({rank.bytes / 1e6:.1f} MB in {rank.seconds:.1f} s)"
-    return f"{name}: FAILED: {rank.error}"
+        return f"{name}: shipped {', '.join(rank.images)} ({moved(rank)})"
+    return f"{name}: FAILED: {rank.error}" + (f" ({moved(rank)})" if rank.missing else "")
+
+
+def moved(rank: RankShip) -> str:
+    """`12.0 of 24.0 MB in 3.1 s, 3.9 MB/s`: for the progress lines and the final table."""
+    of = f" of {rank.missing / 1e6:.1f}" if rank.missing else ""
+    rate = f", {rank.bytes / 1e6 / rank.seconds:.1f} MB/s" if rank.seconds and rank.bytes else ""
+    return f"{rank.bytes / 1e6:.1f}{of} MB in {rank.seconds:.1f} s{rate}"

@@ -349,9 +349,9 @@ class Connection:
         self.client = self._jump = None
 
     # -- running -----------------------------------------------------------------------------
-    def run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60.0,
-            sudo: bool = False) -> Result:
+    def run(self, command: str, *, stdin=None, timeout: float = 60.0, sudo: bool = False) -> Result:
         """Run `command` through the rank's shell; never raises for the command's own failure.
+        `stdin`: bytes, or an iterable of byte chunks sent as they come (a stream of any size).
         Timed out or cancelled (Group.gather), it is killed on the rank, not left running there."""
         started = time.monotonic()
         result = Result(self.target)
@@ -462,15 +462,25 @@ def _bounded(command: str, timeout: float | None, token: str) -> str:
 FEED_CHUNK = 1 << 16
 
 
-def _feed(channel: paramiko.Channel, data: bytes) -> None:
-    # In chunks: paramiko's sendall re-slices the whole remaining buffer after every packet
-    # (32 KB), which makes a 100 MB stdin cost gigabytes of copying (minutes of CPU).
+def _feed(channel: paramiko.Channel, data) -> None:
+    """`data`: bytes, or an iterable of byte chunks (a stream of any size, read as it is sent).
+    In chunks: paramiko's sendall re-slices the whole remaining buffer after every packet
+    (32 KB), which makes a 100 MB stdin cost gigabytes of copying (minutes of CPU)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        view = memoryview(data)
+        data = (view[start:start + FEED_CHUNK] for start in range(0, len(view), FEED_CHUNK))
     try:
-        for start in range(0, len(data), FEED_CHUNK):
-            channel.sendall(data[start:start + FEED_CHUNK])
+        for chunk in data:
+            for start in range(0, len(chunk), FEED_CHUNK):
+                channel.sendall(chunk[start:start + FEED_CHUNK])
         channel.shutdown_write()
-    except (OSError, paramiko.SSHException):
+    except (OSError, EOFError, paramiko.SSHException):
         pass  # the command ended or the connection dropped: its result says which
+    except Exception:  # the source failed (its owner keeps why): the command must not wait for the rest
+        try:
+            channel.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
 
 
 class ByteCounter:
