@@ -85,6 +85,20 @@ class LocalDocker:
         """The ID of image `ref` in the engine, or None if it has none by that name."""
         if self._conn is None:
             return self._api_image_id(ref)
+        found = self._inspect(ref)
+        return found["Id"] if found else None
+
+    def diff_ids(self, image_id: str) -> list[str]:
+        """The image's layers, bottom first, by diff ID (the digest of each uncompressed layer tar)."""
+        if self._conn is None:
+            return self.api.inspect_image(image_id)["RootFS"]["Layers"]
+        found = self._inspect(image_id)
+        if found is None:
+            raise LocalDockerError(f"docker: looking up image {image_id}: no such image")
+        return found["RootFS"].get("Layers") or []
+
+    def _inspect(self, ref: str) -> dict | None:
+        """`GET /images/REF/json` over the socket: the image's inspect data, None for a 404."""
         try:
             self._conn.request("GET", f"/images/{urllib.parse.quote(ref, safe='')}/json")
             reply = self._conn.getresponse()
@@ -96,22 +110,7 @@ class LocalDocker:
             return None
         if reply.status != 200:
             raise LocalDockerError(f"docker: looking up image {ref}: {body.decode(errors='replace').strip()}")
-        return json.loads(body)["Id"]
-
-    def diff_ids(self, image_id: str) -> list[str]:
-        """The image's layers, bottom first, by diff ID (the digest of each uncompressed layer tar)."""
-        if self._conn is None:
-            return self.api.inspect_image(image_id)["RootFS"]["Layers"]
-        try:
-            self._conn.request("GET", f"/images/{urllib.parse.quote(image_id, safe='')}/json")
-            reply = self._conn.getresponse()
-            body = reply.read()
-        except OSError as e:
-            self._conn.close()
-            raise unreachable(e) from None
-        if reply.status != 200:
-            raise LocalDockerError(f"docker: looking up image {image_id}: {body.decode(errors='replace').strip()}")
-        return json.loads(body)["RootFS"].get("Layers") or []
+        return json.loads(body)
 
     def _api_image_id(self, ref: str) -> str | None:
         import docker.errors

@@ -164,16 +164,10 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
         saves[ref] = spool.start(engine, plan.local_ids[ref], diff_ids[ref], say=say,
                                  feeds=sum(lacking), keep=not all(lacking))
 
-    def ship_one(conn: Connection) -> None:
-        rank = outcome[conn.target.rank]
+    def ship_one(conn: Connection, rank: RankShip) -> None:
         _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], haves[rank.rank][ref]) for ref in rank.images], say)
-        say(_progress_line(conn.target.name, rank))
 
-    for o in Group([by_rank[r.rank] for r in todo]).gather(ship_one):
-        if not o.ok:
-            rank = outcome[o.rank]
-            rank.status, rank.error = Status.FAILED, o.why()
-            say(_progress_line(o.target.name, rank))
+    _each_rank(todo, by_rank, ship_one, say)
     for ref, spooling in saves.items():
         try:
             spooling.finished()  # a save that failed after every rank had what it needed
@@ -284,22 +278,26 @@ def _apply_registry(plan: ShipPlan, group: Group, todo: list[RankShip], say, rel
     with LocalRegistry() as registry:
         for ref in plan.needed:
             registry.push(ref)
-        outcome = {r.rank: r for r in todo}
 
         def ship_many(ranks: list[RankShip], cache) -> None:
-            """These ranks at once; one whose ship raised is FAILED with why, the others as they went."""
-            def ship_one(conn: Connection) -> None:
-                rank = outcome[conn.target.rank]
-                _relay_rank(conn, rank, plan.local_ids, registry, cache)
-                say(_progress_line(conn.target.name, rank))
-
-            for o in Group([by_rank[r.rank] for r in ranks]).gather(ship_one):
-                if not o.ok:
-                    rank = outcome[o.rank]
-                    rank.status, rank.error = Status.FAILED, o.why()
-                    say(_progress_line(o.target.name, rank))
+            _each_rank(ranks, by_rank, lambda conn, rank: _relay_rank(conn, rank, plan.local_ids, registry, cache), say)
 
         _apply_relayed(plan, by_rank, registry, relay, todo, ship_many, say)
+
+
+def _each_rank(ranks: list[RankShip], by_rank: dict, ship_one, say) -> None:
+    """`ship_one(conn, rank)` on these ranks at once, each said when done; one whose ship raised
+    is FAILED with why, the others as they went."""
+    def one(conn: Connection) -> None:
+        rank = next(r for r in ranks if r.rank == conn.target.rank)
+        ship_one(conn, rank)
+        say(_progress_line(conn.target.name, rank))
+
+    for o in Group([by_rank[r.rank] for r in ranks]).gather(one):
+        if not o.ok:
+            rank = next(r for r in ranks if r.rank == o.rank)
+            rank.status, rank.error = Status.FAILED, o.why()
+            say(_progress_line(o.target.name, rank))
 
 
 def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", route: "Route",
