@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import shlex
 import socket
 import sys
@@ -35,10 +36,17 @@ class ClusterBusy(SparkstackError):
 
 def holder(loaded: Loaded, argv: list[str] | None = None) -> dict:
     """Who asks: shown to anyone who finds the lock taken."""
-    return {"user": getpass.getuser(), "host": socket.gethostname(),
+    return {"user": _user(), "host": socket.gethostname(),
             "command": shlex.join(["sparkstack", *(sys.argv[1:] if argv is None else argv)]),
             "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "profile": loaded.profile.name, "config": str(loaded.path) if loaded.path else None}
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
+        return f"uid {os.getuid()}"
 
 
 def describe(who: dict | None) -> str:
