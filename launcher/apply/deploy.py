@@ -109,7 +109,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
 def _refuse_foreign(current: list[serve.RankState], loaded: Loaded, say) -> None:
     """Another cluster's engine on a rank is not ours to replace; another profile's is, said."""
     name = cluster_name(loaded)
-    foreign = [s for s in current if s.cluster and s.cluster != name]
+    foreign = serve.foreign(current, name)
     if foreign:
         raise SparkstackError(
             "\n".join(f"rank {s.rank} ({s.host}): its {serve.CONTAINER_NAME} belongs to cluster {s.cluster!r} "
@@ -196,10 +196,9 @@ def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAI
     MemAvailable is back to what the plan needs. Returns the ranks that failed to stop.
     Another cluster's engine on a rank is stopped too (down empties the ranks), but named."""
     name = cluster_name(loaded)
-    for s in serve.states(group):
-        if s.cluster and s.cluster != name:
-            say(f"rank {s.rank} ({s.host}): stopping cluster {s.cluster!r}'s engine (profile {s.profile}), "
-                f"not this config's {name!r}")
+    for s in serve.foreign(serve.states(group), name):
+        say(f"rank {s.rank} ({s.host}): stopping cluster {s.cluster!r}'s engine (profile {s.profile}), "
+            f"not this config's {name!r}")
     failed = serve.stop(group)
     for r in failed:
         say(f"{r.target.name}: {r.why()}")

@@ -101,6 +101,11 @@ def states(group: Group) -> list[RankState]:
     return [_parse_state(r) for r in group.run(_INSPECT, timeout=20).results]
 
 
+def foreign(current: list[RankState], cluster: str) -> list[RankState]:
+    """The ranks whose engine container another cluster started (by its label)."""
+    return [s for s in current if s.cluster and s.cluster != cluster]
+
+
 def is_current(current: list[RankState], plan: Plan) -> bool:
     """Every rank runs a container made from this very plan."""
     wanted = {r.rank: plan_hash(r) for r in plan.ranks}

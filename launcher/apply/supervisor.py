@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import httpx
-
 from . import deploy, serve
 from ..errors import Interrupted, SparkstackError
 from ..inputs import apikey
@@ -166,7 +164,7 @@ class Supervisor:
                 dead = [s for s in serve.states(self.group) if s.state != "running"]
                 if dead:
                     return "; ".join(serve.diagnose(self.group, s) for s in dead)
-                ok, last = _healthy(endpoint)
+                ok, last = api.health_check(endpoint, timeout=10)
                 misses = 0 if ok else misses + 1
                 if misses >= self.settings.api_failures:
                     return (f"the API at {endpoint.url} did not answer {misses} checks in a row ({last}); "
@@ -176,10 +174,3 @@ class Supervisor:
             raise Interrupted("stopped supervising; the cluster keeps serving "
                               "(`sparkstack down` stops it)") from None
 
-
-def _healthy(endpoint: api.Endpoint) -> tuple[bool, str]:
-    try:
-        r = httpx.get(f"{endpoint.url}/health", headers=endpoint.headers, timeout=10)
-    except httpx.HTTPError as e:
-        return False, f"{type(e).__name__}: {e}"
-    return r.status_code == 200, f"HTTP {r.status_code}"

@@ -36,11 +36,17 @@ def endpoint(loaded: Loaded) -> Endpoint:
                     cluster.model.served_name or profile.served_name, apikey.resolve(loaded).value)
 
 
-def health(ep: Endpoint, timeout: float = 3.0) -> bool:
+def health_check(ep: Endpoint, timeout: float = 3.0) -> tuple[bool, str]:
+    """Whether /health answers 200, and what it answered (or why nothing did)."""
     try:
-        return httpx.get(f"{ep.url}/health", headers=ep.headers, timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
+        r = httpx.get(f"{ep.url}/health", headers=ep.headers, timeout=timeout)
+    except httpx.HTTPError as e:
+        return False, f"{type(e).__name__}: {e}"
+    return r.status_code == 200, f"HTTP {r.status_code}"
+
+
+def health(ep: Endpoint, timeout: float = 3.0) -> bool:
+    return health_check(ep, timeout)[0]
 
 
 def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, watch=None) -> float:
@@ -49,7 +55,7 @@ def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, wat
     Returns the seconds it took; raises NotServing naming the step it was stuck at."""
     started = time.monotonic()
     deadline = started + timeout
-    for step, probe in (("/health", _health_ok), ("/v1/models", _model_listed),
+    for step, probe in (("/health", lambda e: health_check(e, timeout=5)), ("/v1/models", _model_listed),
                         ("a completion", _completes)):
         last = "no answer yet"
         while True:
@@ -68,11 +74,6 @@ def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, wat
     if watch:
         watch()  # every rank still up once the head answers
     return time.monotonic() - started
-
-
-def _health_ok(ep: Endpoint) -> tuple[bool, str]:
-    r = httpx.get(f"{ep.url}/health", headers=ep.headers, timeout=5)
-    return r.status_code == 200, f"HTTP {r.status_code}"
 
 
 def _model_listed(ep: Endpoint) -> tuple[bool, str]:
