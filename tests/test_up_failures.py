@@ -188,11 +188,12 @@ def test_a_rank_killed_for_memory_is_said_so(sandbox, cfg, slow):
             time.sleep(0.2)
         oom = sandbox.run("spark3", (
             "docker update --memory 128m --memory-swap 128m sparkstack-engine >/dev/null && "
-            # sixteen small eaters (tail keeps its last 12 MiB): together past the limit, each
-            # smaller than the engine, which is the killer's pick (a docker exec gets the
-            # container's --oom-score-adj 1000 too, so one big eater would be picked instead)
+            # sixteen small eaters (tail keeps its last 12 MiB until its input ends, 30 s on):
+            # together past the limit at once, each smaller than the engine, which is the
+            # killer's pick (a docker exec gets the container's --oom-score-adj 1000 too, so
+            # one big eater would be picked instead)
             "docker exec sparkstack-engine sh -c 'for i in $(seq 16); do "
-            "head -c 12m /dev/zero | tail -c 12m >/dev/null & done; wait'"))
+            "(head -c 12m /dev/zero; sleep 30) | tail -c 12m >/dev/null & done; wait'"))
         try:
             output, _ = up.communicate(timeout=180)
         except subprocess.TimeoutExpired:
