@@ -98,10 +98,11 @@ def test_invocation_is_one_command_with_the_script_on_stdin():
     argv = shlex.split(command)
     assert argv[:2] == ["python3", "-"] and len(argv) == 3
     assert json.loads(argv[2]) == {"sysfs_root": "/sandbox/sysfs", "ip_addr_file": "/sandbox/ip-addr.json",
-                                   "model_dir": "/models/glm53-sandbox", "sysctls": ["vm.max_map_count"],
+                                   "mount_table": "/sandbox/mountinfo", "model_dir": "/models/glm53-sandbox", "sysctls": ["vm.max_map_count"],
                                    "timeout_s": 5.0}
     assert stdin == facts.PROBE_SOURCE.read_bytes()
     assert "ip_addr_file" not in facts.probe_args("/")  # a real host: addresses from `ip` only
+    assert "mount_table" not in facts.probe_args("/")  # ... and mounts from the kernel's table
 
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -189,6 +190,22 @@ def test_probe_output_feeds_the_parsers(ring_rank):
     assert f.disk(str(ring_rank / "model")).size > 0
     assert abs(f.clock.offset) < 0.05
     assert json.loads(json.dumps(f.to_json()))["rdma"][0]["name"] == "roceP2p1s0f0"
+
+
+def test_probe_reads_the_model_mount_from_a_fixture_table(ring_rank):
+    """The sandbox's checkpoint is a bind mount standing in for NFS: the mountinfo beside its
+    sysfs fixture says so, and `findmnt -F` reads it as it reads the kernel's own table."""
+    model = ring_rank / "model"
+    (ring_rank / "mountinfo").write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        f"90 27 254:0 / {model} ro,relatime - nfs4 172.31.240.1:/models/glm53-sandbox "
+        "ro,vers=4.2,soft,timeo=600,retrans=2,addr=172.31.240.1\n")
+    f = facts.parse_facts(run_probe(facts.probe_args(str(ring_rank / "sysfs"), str(model))))
+    assert (f.model_mount.fstype, f.model_mount.source) == ("nfs4", "172.31.240.1:/models/glm53-sandbox")
+    assert "addr=172.31.240.1" in f.model_mount.options
+    (ring_rank / "mountinfo").unlink()  # no fixture: the kernel's table
+    f = facts.parse_facts(run_probe(facts.probe_args(str(ring_rank / "sysfs"), str(model))))
+    assert f.model_mount is not None and f.model_mount.fstype != "nfs4"
 
 
 def test_probe_fingerprint_follows_content(ring_rank):

@@ -7,6 +7,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -633,3 +634,46 @@ def test_compile_on_an_empty_cache_then_read_it_back(tmp_path):
         else:
             assert "Directly load the compiled graph(s) for dynamic shape from the cache" in server.stderr
     assert times[0] - times[1] > 1.0, times
+
+
+def read_bytes(pid: int) -> int:
+    """The process's /proc/<pid>/io read_bytes: what it fetched from storage."""
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(io["read_bytes"])
+
+
+def test_the_checkpoint_is_read_at_the_links_speed_and_counted_in_read_bytes(tmp_path):
+    """Every shard whole (vLLM's default loader), at the sysfs speed of the NFS link, the bytes
+    counted where the real engine's are: /proc/<pid>/io read_bytes (O_DIRECT, not the page cache)."""
+    model = model_dir(tmp_path)
+    sizes = [(3 << 20) + 123, 1 << 20]
+    for i, size in enumerate(sizes):
+        (model / f"model-0000{i + 1}-of-00002.safetensors").write_bytes(os.urandom(size))
+    speed = tmp_path / "sysfs" / "class" / "net" / "eth0" / "speed"
+    speed.parent.mkdir(parents=True)
+    speed.write_text("16\n")  # 16 Mb/s: 2 MB/s, ~2.1 s for these 4.2 MB
+    env = {"SANDBOX_VLLM_NFS_PATH": str(model), "SANDBOX_SYSFS_ROOT": str(tmp_path / "sysfs")}
+    started = time.monotonic()
+    server = Standin(tmp_path, [], env)
+    seen = []
+    while server.proc.poll() is None and "Loading weights took" not in server.stderr:
+        seen.append(read_bytes(server.proc.pid))
+        time.sleep(0.2)
+    server.wait_healthy()
+    took = time.monotonic() - started
+    total = read_bytes(server.proc.pid)
+    assert server.stop() == 0, server.stderr
+    assert total >= sum(sizes), (total, server.stderr)
+    assert any(0 < b < sum(sizes) for b in seen), seen  # it moved while loading, not at once
+    logged = float(re.search(r"Loading weights took ([\d.]+) seconds", server.stderr).group(1))
+    assert 1.9 < logged < 4 and took >= logged, (logged, took)
+
+
+def test_a_checkpoint_off_the_nfs_path_is_read_unthrottled(tmp_path):
+    model = model_dir(tmp_path)
+    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(4 << 20))
+    env = {"SANDBOX_VLLM_NFS_PATH": str(tmp_path / "elsewhere"), "SANDBOX_VLLM_READ_MBPS": "16"}
+    server = Standin(tmp_path, [], env).wait_healthy()
+    assert read_bytes(server.proc.pid) >= 4 << 20
+    assert server.stop() == 0
+    assert float(re.search(r"Loading weights took ([\d.]+) seconds", server.stderr).group(1)) < 1

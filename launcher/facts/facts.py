@@ -329,10 +329,12 @@ def probe_args(sysfs_root: str = "/", model_dir: str | None = None, sysctls: tup
                disk_paths: tuple[str, ...] = (), timeout_s: float = 5.0, nccl_lib: str | None = None) -> dict:
     """The probe's arguments for a rank. A fixture sysfs root (anything but "/" or "/sys") comes
     with an `ip-addr.json` beside it (the sandbox's /sandbox/sysfs and /sandbox/ip-addr.json):
-    fixture netdevs have addresses only there."""
+    fixture netdevs have addresses only there; and a `mountinfo` beside it, when there, is the
+    mount table the checkpoint's mount is looked up in (the sandbox's "NFS" mount)."""
     args: dict = {"sysfs_root": sysfs_root, "timeout_s": timeout_s}
     if sysfs_root.rstrip("/") not in ("", "/sys"):
         args["ip_addr_file"] = str(PurePosixPath(sysfs_root.rstrip("/")).parent / "ip-addr.json")
+        args["mount_table"] = str(PurePosixPath(sysfs_root.rstrip("/")).parent / "mountinfo")
     if model_dir:
         args["model_dir"] = model_dir
     if sysctls:

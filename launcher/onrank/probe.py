@@ -16,6 +16,9 @@ Arguments (all optional; a bare path instead of JSON is taken as `sysfs_root`):
                  root that holds `class/` ("/" is read as "/sys").
   ip_addr_file   `ip -j addr` output in a file, overlaid on the real command's output (the
                  sandbox's fabric netdevs exist only as fixtures).
+  mount_table    a mountinfo file `findmnt -F` reads for the model dir's mount, when it exists
+                 (the sandbox's checkpoint is a bind mount standing in for NFS: its fixture
+                 names the file server, as the real mount's `addr=` does).
   model_dir      the checkpoint directory to fingerprint (in a child process: a dead NFS
                  server hangs its reader, and the probe reports it instead of hanging too).
   sysctls        names to read besides DEFAULT_SYSCTLS.
@@ -429,7 +432,9 @@ def probe(args):
         "nvidia_ctk": ["nvidia-ctk", "--version"],
     }
     if model_dir:
-        commands["findmnt_model"] = ["findmnt", "-J", "-T", model_dir, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"]
+        table = args.get("mount_table")
+        fixture = ["-F", table] if table and os.path.isfile(table) else []
+        commands["findmnt_model"] = ["findmnt", *fixture, "-J", "-T", model_dir, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"]
     sock = docker_socket()
     if sock is None:
         commands.update(DOCKER_CLI)

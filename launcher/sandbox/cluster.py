@@ -71,7 +71,7 @@ from pathlib import Path
 import yaml
 
 from . import debian_image, fabric_fixture as fabric, links
-from . import gid_standin
+from . import gid_standin, nfs_link
 from . import meminfo as meminfo_mod
 from . import model_fixture as ckpt
 from .errors import SandboxError
@@ -261,7 +261,7 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int, cabling: 
             auth.write_text(authorized)
         kind, blob = host_pub.split()[:2]
         known.append(f"{rank_address(i, net)},{name} {kind} {blob}")
-        fabric.write_tree(rdir / "sysfs", fabric.sysfs_tree(i, n, topology=cabling, addressed=not links.bare()))
+        fabric.write_tree(rdir / "sysfs", _sysfs(state_dir, i, n, topology=cabling))
         # bare: the rank's own `ip addr` (its veths, addressed by `init`) is the truth
         _write_in_place(rdir / "ip-addr.json",
                         "[]\n" if links.bare() else json.dumps(fabric.ip_addr_json(i, n, cabling), indent=2) + "\n")
@@ -652,6 +652,9 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
     if links.bare():
         for c in containers.values():
             _bare_rank(c, paths(state_dir)["password"].read_text().strip())
+    else:
+        for c in containers.values():
+            _mount_fixture(c, net)
     if laid:
         what = "ring link(s)" if cabling == "ring" else "switch cable(s) of rank(s)"
         progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {fabric.MTU})")
@@ -675,7 +678,7 @@ def cut_cable(link: int, state_dir: Path | None = None, n: int = DEFAULT_RANKS) 
     links.cut(_pid(client.containers.get(container_name(rank_names(n)[cable.a.rank]))), cable.a.netdev)
     for end, port in ((cable.a, 0), (cable.b, 1)):
         _rewrite_sysfs(paths(state_dir)["ranks"] / rank_names(n)[end.rank] / "sysfs",
-                       fabric.sysfs_tree(end.rank, n, unplugged=frozenset({port}), addressed=not links.bare()))
+                       _sysfs(state_dir, end.rank, n, unplugged=frozenset({port})))
     return cable
 
 
@@ -685,8 +688,7 @@ def mend_cables(state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> list[i
     client = connect()
     cabling = current_topology(state_dir)
     for i, name in enumerate(rank_names(n)):
-        _rewrite_sysfs(paths(state_dir)["ranks"] / name / "sysfs",
-                       fabric.sysfs_tree(i, n, topology=cabling, addressed=not links.bare()))
+        _rewrite_sysfs(paths(state_dir)["ranks"] / name / "sysfs", _sysfs(state_dir, i, n, topology=cabling))
     return links.wire({i: _pid(client.containers.get(container_name(name)))
                        for i, name in enumerate(rank_names(n))}, n, cabling)
 
@@ -799,6 +801,21 @@ def _bare_rank(container, password: str) -> None:
     if running.exit_code != 0:
         container.exec_run(["python3", "-c", gid_standin.SOURCE, "sandbox-gid-standin", SYSFS_ROOT],
                            detach=True)
+
+
+def _sysfs(state_dir: Path, i: int, n: int, **kw) -> dict[str, str]:
+    """Rank i's sysfs fixture: its fabric, and (not bare) the link its checkpoint reads take."""
+    files = fabric.sysfs_tree(i, n, addressed=not links.bare(), **kw)
+    return files if links.bare() else {**files, **nfs_link.sysfs_files(nfs_link.speed(state_dir))}
+
+
+def _mount_fixture(container, net) -> None:
+    """The rank's mount table for the probe: the checkpoint as the NFS mount it stands in for."""
+    res = container.exec_run(["python3", "-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2])",
+                              nfs_link.MOUNTINFO, nfs_link.mountinfo(net, MODEL_PATH)])
+    if res.exit_code != 0:
+        raise SandboxError(f"writing {nfs_link.MOUNTINFO} in {container.name} failed: "
+                           f"{res.output.decode(errors='replace').strip()}", "check the rank's /sandbox")
 
 
 def _rewrite_sysfs(root: Path, files: dict[str, str]) -> None:

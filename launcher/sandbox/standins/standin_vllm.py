@@ -24,7 +24,9 @@ What it mimics, for what the kit touches:
   * then vLLM's startup guard (`request_memory`, run by every worker whether or not
     `--kv-cache-memory-bytes` is given): free memory = MemAvailable - what the worker holds
     (SANDBOX_VLLM_HELD_GIB) must be >= MemTotal x --gpu-memory-utilization (default 0.92);
-- then it "loads" (see load_model): over SANDBOX_VLLM_LOAD_S it takes its weights, then its KV
+- then it "loads" (see load_model): it reads every shard of the checkpoint (Reader: as vLLM's
+  default loader, at the sandbox's NFS link speed, counted in /proc/<pid>/io read_bytes), and
+  over SANDBOX_VLLM_LOAD_S it takes its weights, then its KV
   pool (--kv-cache-memory-bytes), then its CUDA graphs, each registered with the rank's memory
   model (standin_mem.py: /sandbox/mem, in the rank's meminfo while this process lives), and
   reports the checkpoint bytes it reads so the rank's page cache fills. Strict like a GB10: an
@@ -58,6 +60,12 @@ Environment knobs (all optional):
   SANDBOX_VLLM_WEIGHTS_GIB          weights this rank holds (default: the checkpoint's
                                     *.safetensors bytes / --tensor-parallel-size); it reads as
                                     many bytes (page cache), in up to 16 steps
+  SANDBOX_VLLM_NFS_PATH             the sandbox's "NFS" mount (/models/glm53-sandbox): a checkpoint
+                                    under it is read at the link's speed, elsewhere unthrottled
+  SANDBOX_VLLM_NFS_IFACE            the interface whose sysfs `speed` (Mb/s, in SANDBOX_SYSFS_ROOT,
+                                    /sandbox/sysfs) is that link's line rate (eth0)
+  SANDBOX_VLLM_READ_MBPS            that line rate, instead of the sysfs file; it is shared by the
+                                    --nnodes ranks reading the one server port at once
   SANDBOX_VLLM_GRAPHS_GIB           CUDA graphs and activations taken after the KV pool (0.5)
   SANDBOX_VLLM_COMPILE_S            torch.compile's time on an empty compile cache (0); with the
                                     cache warm (VLLM_CACHE_ROOT, default ~/.cache/vllm, holding
@@ -565,24 +573,117 @@ def oom_message(size: int, info: dict, held: int) -> str:
             f"cudaMalloc failed: NV_ERR_NO_MEMORY)")
 
 
+class Reader:
+    """Reads the checkpoint as vLLM's default loader does: every tensor of every shard on every
+    rank (safetensors_weights_iterator: safe_open + get_tensor for each name; each rank keeps its
+    slice of what it read), so every shard file whole, in name order. Under the sandbox's NFS
+    path (SANDBOX_VLLM_NFS_PATH) at the link's line rate (sysfs `speed` of
+    SANDBOX_VLLM_NFS_IFACE, or SANDBOX_VLLM_READ_MBPS) shared by the --nnodes ranks, which read
+    the one server port at once; elsewhere (a local copy) as fast as the disk gives.
+    With O_DIRECT, so every byte is fetched from the block layer and counted in this process's
+    /proc/<pid>/io read_bytes, the counter the real engine moves (its mmap faults fetch the pages
+    over NFS or from the disk after `up` dropped the caches; the sandbox's four ranks share one
+    host page cache, so buffered reads would count once, not once per rank)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, model: str, options: dict):
+        try:
+            names = sorted(n for n in os.listdir(model) if n.endswith(".safetensors"))
+        except OSError:
+            names = []
+        self.files = [os.path.join(model, n) for n in names]
+        self.total = sum(os.path.getsize(f) for f in self.files)
+        self.done = 0
+        self.rate = self.link_rate(model, int(options.get("nnodes") or 1))
+        self.started = None
+        self.direct = hasattr(os, "O_DIRECT")
+
+    @staticmethod
+    def link_rate(model: str, sharing: int) -> float | None:
+        """Bytes/s this rank gets, or None (unthrottled: not on the NFS path, or no speed)."""
+        nfs = os.path.realpath(os.environ.get("SANDBOX_VLLM_NFS_PATH", "/models/glm53-sandbox"))
+        if os.path.commonpath([os.path.realpath(model), nfs]) != nfs:
+            return None
+        mbps = os.environ.get("SANDBOX_VLLM_READ_MBPS")
+        if mbps is None:
+            root = os.environ.get("SANDBOX_SYSFS_ROOT", "/sandbox/sysfs")
+            iface = os.environ.get("SANDBOX_VLLM_NFS_IFACE", "eth0")
+            try:
+                with open(os.path.join(root, "class", "net", iface, "speed")) as f:
+                    mbps = f.read().strip()
+            except OSError:
+                return None
+        return float(mbps) * 1e6 / 8 / max(1, sharing) if float(mbps) > 0 else None
+
+    def read_to(self, target: int) -> bool:
+        """Read on until `target` bytes of the checkpoint are read (paced); True when stopped."""
+        import mmap
+
+        if self.started is None:
+            self.started = time.monotonic()
+        buf = mmap.mmap(-1, self.CHUNK)  # page-aligned, as O_DIRECT wants
+        offset_in = 0
+        for path in self.files:
+            size = os.path.getsize(path)
+            if self.done >= offset_in + size:
+                offset_in += size
+                continue
+            fd = self.open(path)
+            try:
+                pos = self.done - offset_in
+                while pos < size and self.done < target:
+                    got = os.preadv(fd, [buf], pos)
+                    if got <= 0:
+                        break
+                    got = min(got, size - pos)
+                    pos += got
+                    self.done += got
+                    if self.rate and wait_for_signal(self.started + self.done / self.rate - time.monotonic()):
+                        return True
+            finally:
+                os.close(fd)
+            offset_in += size
+            if self.done >= target:
+                break
+        return STOP.is_set()
+
+    def open(self, path: str) -> int:
+        if self.direct:
+            try:
+                return os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:  # a filesystem without O_DIRECT (tmpfs): buffered reads
+                self.direct = False
+                log(f"{path}: O_DIRECT refused; reading through the page cache", "WARNING")
+        return os.open(path, os.O_RDONLY)
+
+
 def load_model(model: str, options: dict) -> str | None:
-    """Take the engine's memory step by step, as loading does; the error when a step does not
-    fit in MemFree, None when loaded (or stopped)."""
+    """Read the checkpoint and take the engine's memory step by step, as loading does; the error
+    when a step does not fit in MemFree, None when loaded (or stopped)."""
     mem_dir = os.environ.get("SANDBOX_VLLM_MEM_DIR", "/sandbox/mem")
     steps = load_steps(model, options)
-    if not os.path.isdir(mem_dir):  # no memory model: only the time it takes
-        wait_for_signal(sum(s[3] for s in steps))
+    reader = Reader(model, options)
+    weights = [i for i, s in enumerate(steps) if s[0] == "weights"]
+    started = time.monotonic()
+    if not os.path.isdir(mem_dir):  # no memory model: the reads and the time it takes
+        if reader.read_to(reader.total):
+            return None
+        log(f"Loading weights took {time.monotonic() - started:.2f} seconds")
+        wait_for_signal(max(0.0, started + sum(s[3] for s in steps) - time.monotonic()))
         return None
     sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
     import standin_mem
 
     global HOLDER
     HOLDER = standin_mem.Holder(mem_dir, "vllm")
-    held, due = 0, time.monotonic()
-    for what, size, read, seconds in steps:
+    held, due = 0, started
+    for i, (what, size, read, seconds) in enumerate(steps):
         if STOP.is_set():
             return None
         due += seconds  # when this step ends: the load takes SANDBOX_VLLM_LOAD_S in all
+        if what == "weights" and reader.read_to(reader.total * (weights.index(i) + 1) // len(weights)):
+            return None
         if read:
             standin_mem.report_read(mem_dir, read)
         standin_mem.settle(mem_dir)
@@ -593,6 +694,8 @@ def load_model(model: str, options: dict) -> str | None:
         HOLDER.hold(held)
         if wait_for_signal(max(0.0, due - time.monotonic())):
             return None
+        if i == weights[-1]:
+            log(f"Loading weights took {time.monotonic() - started:.2f} seconds")
     standin_mem.settle(mem_dir)
     log(f"Model loading took {held / GIB:.2f} GiB of memory (weights, KV cache, CUDA graphs)")
     return None
