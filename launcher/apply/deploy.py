@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import memguard, prep, serve
+from . import load_progress, memguard, prep, serve
 from ..check import check, plan_inputs
 from ..errors import Interrupted, SparkstackError
 from ..images import build, local_docker, ship
@@ -78,12 +78,15 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("prepared the nodes")
     say("checking every rank")
     the_plan = check.plan_or_refuse(loaded, group)  # the image row is settled below
+    longer = load_progress.extended(the_plan.load, wait_timeout)
+    if longer:
+        say(longer)
     wait_timeout = the_plan.wait_timeout(wait_timeout)  # a slow checkpoint link waits longer (issue 15)
     report.steps.append("checked every rank")
     current = serve.states(group)
     if serve.is_current(current, the_plan) and not restart:
         say("already running as planned: nothing to change (--restart forces a new start)")
-        _wait(loaded, group, report, wait_timeout, say, None)
+        _wait(loaded, group, report, wait_timeout, say, None, the_plan.load)
     else:
         report.changed = True
         _refuse_foreign(current, loaded, say)
@@ -130,7 +133,7 @@ def _start_guarded(loaded: Loaded, group: Group, the_plan, report: UpReport, wai
         try:
             serve.start(the_plan, group, say=say, head_first=ray)
             report.steps.append("started every rank")
-            _wait(loaded, group, report, wait_timeout, say, guard)
+            _wait(loaded, group, report, wait_timeout, say, guard, the_plan.load)
         except memguard.MemoryFloor:
             raise
         except SparkstackError:
@@ -141,11 +144,14 @@ def _start_guarded(loaded: Loaded, group: Group, the_plan, report: UpReport, wai
 
 
 def _wait(loaded: Loaded, group: Group, report: UpReport, wait_timeout: float, say,
-          guard: memguard.MemoryGuard | None) -> None:
+          guard: memguard.MemoryGuard | None, load: dict) -> None:
+    progress = load_progress.Progress(group, load, say)
+
     def watch():
         if guard:
             guard.check()
         serve.watch(group)
+        progress()
 
     say("waiting for the API")
     try:
