@@ -53,9 +53,12 @@ def test_the_estimate_is_within_2x_of_the_measured_load(sandbox, slow_link):
     est = estimates(cfg)
     assert set(est) == set(range(len(sandbox.names)))
     started = time.monotonic()
-    result = cli("up", "-c", cfg)
+    result = cli("up", "-c", cfg, "--timeout", "30")  # shorter than twice the estimate: up waits longer, and says so
     up_s = time.monotonic() - started
     assert result.exit_code == 0, result.output
+    waits = re.search(r"waiting up to (\d+) s for the API \(not --timeout's 30 s\): the cold-load estimate of rank ",
+                      result.output)
+    assert waits and abs(int(waits.group(1)) - 2 * max(est.values())) <= 2, result.output
     progress = re.findall(r"checkpoint read \(engine read_bytes\): rank 0 ([\d.]+) GB \((\d+)%\)", result.output)
     assert progress and all(int(pct) < 100 for _gb, pct in progress[:1]), result.output  # seen while it read
     measured = {}
