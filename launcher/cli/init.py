@@ -30,8 +30,16 @@ def _say(line: str) -> None:
 @click.option("--profile", "profile_name", default=None, help="the serving profile (`sparkstack profiles`)")
 @click.option("--model-path", default=None, help="the checkpoint directory, the same path on every rank")
 @click.option("--fabric-net", default="192.168.177.0/24", show_default=True,
-              help="where proposed fabric addresses come from (a ring: a /30 per cable; a switch: this subnet)")
-@click.option("--apply-network", is_flag=True, help="write the netplan file on every rank and apply the addresses")
+              help="where proposed fabric addresses come from (a ring: a /30 or /31 per cable; a switch: this subnet)")
+@click.option("--prefix", type=click.Choice(["30", "31"]), default="30", show_default=True,
+              help="a ring cable's subnet: /30 (every stack reads it alike) or /31 (RFC 3021 point-to-point)")
+@click.option("--twins", type=click.Choice(["first", "both"]), default="first", show_default=True,
+              help="address each port's first netdev only (one PCIe x4 link, ~100G) or both twins (200G)")
+@click.option("--mtu", type=click.IntRange(1280, 9216), default=9000, show_default=True,
+              help="the fabric ports' MTU, in the netplan file and applied now")
+@click.option("--apply", "--apply-network", "apply_network", is_flag=True,
+              help="write the netplan file on every rank (ansible/fabric.yml) and apply the addresses; "
+                   "without it init asks (--yes: not applied)")
 @click.option("--dry-run", is_flag=True, help="discover and print what would be written; change nothing")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("cluster.yaml"), show_default=True)
 @click.option("--force", is_flag=True, help="overwrite --output if it exists")
@@ -43,7 +51,7 @@ def _say(line: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @friendly_errors
 def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile_name, model_path,
-         fabric_net, apply_network, dry_run, output, force, sysfs_root, merge, no_check, yes, as_json):
+         fabric_net, prefix, twins, mtu, apply_network, dry_run, output, force, sysfs_root, merge, no_check, yes, as_json):
     """Connect to each host (rank 0 first), install your key, probe, discover the CX7 cabling,
     address the fabric, write cluster.yaml and run `check` on it.
 
@@ -104,20 +112,26 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     _print_cabling(found, labels)
     if found.topology is None:
         raise hosts_mod.InitError("no cabling found between the ranks:\n" + "\n".join(found.problems))
-    addresses = cabling.propose(found, facts, fabric_net)
-    result = {"logins": logins, "cabling": found.to_json(), "sudo": sudo,
-              "addresses": [{"rank": a.rank, "netdev": a.netdev, "address": a.cidr, "existing": a.existing}
-                            for a in addresses]}
+    try:
+        addresses = cabling.propose(found, facts, fabric_net, int(prefix), twins)
+    except ValueError as e:
+        raise hosts_mod.InitInputError(str(e)) from None
+    result = {"logins": logins, "cabling": found.to_json(), "sudo": sudo, "mtu": mtu, "prefix": int(prefix),
+              "twins": twins, "addresses": [{"rank": a.rank, "netdev": a.netdev, "address": a.cidr,
+                                             "existing": a.existing} for a in addresses]}
+    _print_proposal(cabling.summary(found.topology, fabric_net, int(prefix), twins, mtu), addresses, labels)
+    new = any(not a.existing for a in addresses)
     if dry_run:
         for r in range(len(hosts)):
             _say(f"--- rank {r} {hosts[r]}: {cabling.NETPLAN_FILE}")
-            _say(cabling.netplan(addresses, r))
-    elif apply_network:
-        for line in bringup.apply_addresses(loaded, addresses):
+            _say(cabling.netplan(addresses, r, mtu))
+    elif apply_network or (new and not yes and click.confirm(
+            f"write {cabling.NETPLAN_FILE} on every rank and apply these addresses now?", default=True, err=True)):
+        for line in bringup.apply_addresses(loaded, addresses, mtu):
             _say("addressed " + line)
         bringup.confirm_applied(bringup.probe_all(loaded), addresses)
-    elif any(not a.existing for a in addresses):
-        _say("the fabric ports have no addresses yet: run again with --apply-network (or --dry-run to see the files)")
+    elif new:
+        _say("the fabric ports have no addresses yet: run again with --apply (or --dry-run to see the files)")
     doc = bringup.provisional(list(hosts), answers, found.topology)
     doc["ranks"] = [bringup.rank_doc(i, h, answers, facts[i].hostname, cabling.fabric_ips(addresses, i))
                     for i, h in enumerate(hosts)]
@@ -151,6 +165,13 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     sys.exit(0 if ok else 1)
 
 
+def _print_proposal(summary: list[str], addresses, labels) -> None:
+    for line in summary:
+        _say(line)
+    for a in addresses:
+        _say(f"  rank {a.rank} ({labels[a.rank]}) {a.netdev} {a.cidr}" + (" (already there: kept)" if a.existing else ""))
+
+
 def _print_cabling(found, labels) -> None:
     if found.topology == "switch":
         for r, nd in sorted(found.switch_ports.items()):
@@ -160,4 +181,6 @@ def _print_cabling(found, labels) -> None:
              f"({labels[c.b.rank]}) {c.b.netdev}" + ("" if c.both_ways else " (seen from one end only)"))
     for p in found.problems:
         _say(f"PROBLEM: {p}")
+    for n in found.notes:
+        _say(f"note: {n}")
     _say(f"cabled as: {found.topology or 'neither a ring nor a switch'}")

@@ -618,7 +618,7 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
     state_dir = (Path(state_dir) if state_dir else state_dir_default()).expanduser().resolve()
     net = subnet()
     client = connect()
-    images = debian_image.ensure_images(client, progress)
+    images = debian_image.ensure_images(client, progress, bare=links.bare())
     prepare_state(state_dir, net, n, cabling)
     ensure_network(client, net)
     gone = _remove_extra_ranks(client, n)
@@ -654,7 +654,7 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
             _bare_rank(c, paths(state_dir)["password"].read_text().strip())
     if laid:
         what = "ring link(s)" if cabling == "ring" else "switch cable(s) of rank(s)"
-        progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {fabric.MTU})")
+        progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {links._end_mtu()})")
     if not links.bare():  # `sparkstack init` writes the bare sandbox's
         write_cluster_yaml(state_dir, net, images["vllm"], n, cabling)
     result = status(state_dir, client=client, n=n)
@@ -789,7 +789,8 @@ def _bare_rank(container, password: str) -> None:
               # every `up --bare` is a Spark before `init` again: no key, no fabric address
               f": > /home/{USER}/.ssh/authorized_keys && rm -f /etc/netplan/60-sparkstack-fabric.yaml && "
               f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER} && chmod 0440 /etc/sudoers.d/{USER} && "
-              f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; done; true")
+              f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; "
+              f"ip link set dev $d mtu {links.BARE_MTU} 2>/dev/null; done; true")
     res = container.exec_run(["sh", "-c", script])
     if res.exit_code != 0:
         raise SandboxError(f"{container.name}: cannot enable the password login: "
