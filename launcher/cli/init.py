@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import yaml
 
+from ..status import Status
 from .console import err, friendly_errors, out
 
 
@@ -46,12 +47,16 @@ def _say(line: str) -> None:
 @click.option("--sysfs-root", default="/", hidden=True, help="the sandbox's fixture sysfs")
 @click.option("--merge", type=click.Path(exists=True, path_type=Path), default=None,
               help="a YAML file of more cluster.yaml sections (container:, images:, ...) to include")
+@click.option("--ship/--no-ship", "do_ship", default=None,
+              help="put the serving image on every rank before `check` (check fails its image row until "
+                   "then; `up` would ship it too); without either, init asks (--yes: not shipped)")
 @click.option("--no-check", is_flag=True, help="do not run `check` at the end")
 @click.option("-y", "--yes", is_flag=True, help="ask nothing: flags give every answer")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @friendly_errors
 def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile_name, model_path,
-         fabric_net, prefix, twins, mtu, apply_network, dry_run, output, force, sysfs_root, merge, no_check, yes, as_json):
+         fabric_net, prefix, twins, mtu, apply_network, dry_run, output, force, sysfs_root, merge, do_ship, no_check,
+         yes, as_json):
     """Connect to each host (rank 0 first), install your key, probe, discover the CX7 cabling,
     address the fabric, write cluster.yaml and run `check` on it.
 
@@ -147,6 +152,10 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
         _say(f"wrote {output}")
     result["config"] = str(output)
     ok = not found.problems
+    if not dry_run and (do_ship or (do_ship is None and not yes and click.confirm(
+            "put the serving image on every rank now (check fails its image row until it is there)?",
+            default=True, err=True))):
+        result["ship"] = _ship(output)
     if not (dry_run or no_check):
         from ..check import check as check_mod
         from ..inputs import config as config_mod
@@ -163,6 +172,28 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
         out.print("next: `sparkstack check`, then `sparkstack up`" if ok else
                   "not ready: fix what is shown above, then `sparkstack init` again or `sparkstack check`")
     sys.exit(0 if ok else 1)
+
+
+def _ship(config: Path) -> str:
+    """`sparkstack ship` on the config just written: "shipped", or why not (check then says it too)."""
+    from ..images import build as build_mod, ship as ship_mod
+    from ..inputs import config as config_mod
+    from ..transport import remote
+    from ..errors import SparkstackError
+
+    loaded = config_mod.load(config)
+    try:
+        ids = ship_mod.local_image_ids([build_mod.local_chain(loaded).top])
+        with remote.Group.for_cluster(loaded.cluster, say=_say) as group:
+            shipment = ship_mod.make_plan(group, ids)
+            ship_mod.apply(shipment, group, say=_say)
+    except SparkstackError as e:
+        _say(f"not shipped: {e.message}; `sparkstack build && sparkstack ship` once that is fixed")
+        return "not shipped: " + e.message
+    failed = [r.error or f"rank {r.rank}: failed" for r in shipment.ranks if r.status == Status.FAILED]
+    for line in failed:
+        _say(f"not shipped: {line}")
+    return "failed" if failed else "shipped"
 
 
 def _print_proposal(summary: list[str], addresses, labels) -> None:
