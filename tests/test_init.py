@@ -161,7 +161,7 @@ def test_init_on_a_bare_switch_finds_each_ranks_switch_port(bare, tmp_path):
         import json
 
         got = json.loads(res.stdout)
-        assert got["cabling"] == {"topology": "switch", "cables": [], "problems": [],
+        assert got["cabling"] == {"topology": "switch", "cables": [], "problems": [], "notes": [],
                                   "switch_ports": {"0": "enp1s0f0np0", "1": "enp1s0f0np0",
                                                    "2": "enp1s0f1np1", "3": "enp1s0f0np0"}}
         assert [a["address"] for a in got["addresses"]] == [f"192.168.177.{r + 1}/24" for r in range(4)]
@@ -183,10 +183,7 @@ def test_init_asks_before_trusting_a_host_key_and_prints_the_sudoers_line_it_lac
     state, result = bare
     p = cluster.paths(state)
     hosts = [r["address"] for r in result["ranks"]]
-    merge = tmp_path / "tp2.yaml"  # the sandbox profile serves at TP 4: two ranks serve at TP 2
-    merge.write_text(yaml.safe_dump({"overrides": {"engine_args": ["--tensor-parallel-size 2",
-                                                                   "--decode-context-parallel-size 2"]}}))
-    args = ["init", *hosts, "--merge", str(merge), "--user", "spark", "--key", str(p["key"]), "--known-hosts", str(tmp_path / "kh"),
+    args = ["init", *hosts, "--user", "spark", "--key", str(p["key"]), "--known-hosts", str(tmp_path / "kh"),
             "--password-stdin", "--profile", "sandbox", "--model-path", cluster.MODEL_PATH,
             "--sysfs-root", cluster.SYSFS_ROOT, "-o", str(tmp_path / "cluster.yaml"), "--dry-run"]
     password = p["password"].read_text()

@@ -58,7 +58,11 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
          fabric_net, prefix, twins, mtu, apply_network, dry_run, output, force, sysfs_root, merge, do_ship, no_check,
          yes, as_json):
     """Connect to each host (rank 0 first), install your key, probe, discover the CX7 cabling,
-    address the fabric, write cluster.yaml and run `check` on it.
+    address the fabric, write cluster.yaml, ship the image and run `check` on it.
+
+    It asks (each answer has a flag, and --yes asks nothing): the profile and checkpoint path,
+    each unknown host key, the password once where your key does not log in yet, whether to write
+    the proposed netplan files and apply them (--apply), whether to ship the image (--ship).
 
     \b
     A new cluster: sparkstack init spark1 spark2 spark3 spark4 --user spark
