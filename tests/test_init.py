@@ -233,7 +233,7 @@ def test_init_asks_its_questions_under_a_pty_then_check_and_up_pass(bare, tmp_pa
                                            "--user", "spark", "--key", str(p["key"]), "--known-hosts",
                                            str(tmp_path / "known_hosts"), "--sysfs-root", cluster.SYSFS_ROOT,
                                            "--merge", str(merge), "-o", str(cfg)],
-                          encoding="utf-8", timeout=300, dimensions=(50, 400))
+                          encoding="utf-8", timeout=120, dimensions=(50, 400))
     seen = io.StringIO()
     child.logfile_read = seen
     password = p["password"].read_text().strip()
@@ -243,7 +243,8 @@ def test_init_asks_its_questions_under_a_pty_then_check_and_up_pass(bare, tmp_pa
         child.expect(r"checkpoint directory \(the same path on every rank\): ")
         child.sendline(cluster.MODEL_PATH)
         for host in hosts:
-            child.expect(re.escape(f"{host} ({host}): unknown host key ssh-ed25519 SHA256:") + r"\S+\. "
+            child.expect(re.escape(f"rank {hosts.index(host)} ({host}): unknown host key ssh-ed25519 SHA256:")
+                         + r"\S+\. "
                          r"Trust it\? \[y/N\]: ")
             child.sendline("y")
             if host == hosts[0]:

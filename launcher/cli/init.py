@@ -101,7 +101,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     logins = {}
     for i, host in enumerate(hosts):
         address, port = bringup.split_host(host)
-        t = Target(i, host, address, port, user, answers.key)
+        t = Target(i, f"rank {i}", address, port, user, answers.key)
         logins[host] = hosts_mod.ensure_login(t, answers.known_hosts, trust_new_hosts, ask, cache)
         _say(f"rank {i} {host}: " + ("key login works" if logins[host] == "key" else "key installed (password login)"))
     cache.clear()
