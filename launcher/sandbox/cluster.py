@@ -43,12 +43,13 @@ The bare sandbox (`up --bare`, $SPARKSTACK_SANDBOX_BARE=1) stands BESIDE this on
 network ``sparkstack-sandbox-bare`` on 172.31.242.0/24 ($SPARKSTACK_SANDBOX_BARE_SUBNET), state dir
 ``~/.local/state/sparkstack/sandbox-bare`` ($SPARKSTACK_SANDBOX_BARE_DIR), its own switch
 namespace; `down`/`status` of one never touch the other. Its ranks are Sparks before `init`: the
-same cables (veths with the fixtures' MACs, IPv6 link-local on) without IPv4 addresses, the
-fixtures' GID tables link-local only, no authorized key, a password login for ``spark`` (sshd's
+same cables (veths with the fixtures' MACs, IPv6 link-local on) without IPv4 addresses and at
+a fresh port's MTU (1500), the fixtures' GID tables link-local only, Debian's real netplan.io (its
+own image, debian_image.RANK_FS_BARE: `netplan generate` checks the file init writes), no authorized key, a password login for ``spark`` (sshd's
 PasswordAuthentication on for this sandbox only; the password in ``<state dir>/password``), no
 cluster.yaml. Every `up --bare` puts them back in that state. Its sysfs fixture is writable by
 the rank: a stand-in for the kernel (gid_standin.py) adds a port's IPv4 RoCE GIDs when the port
-gets an address, as the kernel does.
+gets an address, and shows its MTU in class/net/<port>/mtu, as the kernel does.
 
 The checkpoint is a host directory bind-mounted read-only at ``/models/glm53-sandbox`` in all four
 ranks: the stand-in for the NFS export of a real cluster. It is a bind mount because this kernel
