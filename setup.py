@@ -1,5 +1,5 @@
 """Packaging. pyproject.toml holds everything about the project; this file only makes the wheel
-carry the repository's top-level images/, templates/ and env/ inside the package, as
+carry the repository's top-level images/, templates/, env/ and ansible/ inside the package, as
 launcher/_resources/, where launcher/resources.py finds them once installed. An editable install
 (`pip install -e`) reads the checkout's own folders instead, so it gets no copy."""
 
@@ -10,7 +10,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-RESOURCES = ("images", "templates", "env")
+RESOURCES = ("images", "templates", "env", "ansible")
 
 
 class BuildWithResources(build_py):

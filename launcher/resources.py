@@ -18,4 +18,5 @@ ROOT = BUNDLED if BUNDLED.is_dir() else PACKAGE.parent
 IMAGES_DIR = ROOT / "images"
 TEMPLATES_DIR = ROOT / "templates"
 ENV_DIR = ROOT / "env"
+ANSIBLE_DIR = ROOT / "ansible"  # the playbooks and role (init addresses the fabric through it)
 PROFILES_DIR = ENV_DIR / "profiles"

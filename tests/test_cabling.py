@@ -104,3 +104,53 @@ def test_a_switch_is_found_from_ports_that_see_every_rank(facts):
     found = cabling.discover(facts, t)
     assert found.topology == "switch" and found.problems == []
     assert found.switch_ports == {0: "enp1s0f0np0", 1: "enp1s0f0np0", 2: "enp1s0f1np1", 3: "enp1s0f0np0"}
+
+
+def test_a_31_per_cable_uses_both_addresses_of_each_subnet(facts):
+    bare = {r: _bare(f) for r, f in facts.items()}
+    addrs = cabling.propose(cabling.discover(bare, ring_tables()), bare, prefix=31)
+    got = {(a.rank, a.netdev): a.cidr for a in addrs}
+    assert got[(0, "enp1s0f0np0")] == "192.168.177.0/31" and got[(1, "enp1s0f1np1")] == "192.168.177.1/31"
+    assert got[(3, "enp1s0f0np0")] == "192.168.177.6/31" and got[(0, "enp1s0f1np1")] == "192.168.177.7/31"
+    with pytest.raises(ValueError):
+        cabling.propose(cabling.discover(bare, ring_tables()), bare, prefix=29)
+
+
+def test_both_twins_get_a_subnet_of_their_own_and_the_proposal_says_the_trade_off(facts):
+    bare = {r: _bare(f) for r, f in facts.items()}
+    addrs = cabling.propose(cabling.discover(bare, ring_tables()), bare, twins="both")
+    mine = [(a.netdev, a.cidr) for a in addrs if a.rank == 0]
+    assert mine == [("enp1s0f0np0", "192.168.177.1/30"), ("enp1s0f1np1", "192.168.177.14/30"),
+                    ("enP2p1s0f0np0", "192.168.178.1/30"), ("enP2p1s0f1np1", "192.168.178.14/30")]
+    assert cabling.fabric_ips(addrs, 0)[:2] == ["192.168.177.1", "192.168.177.14"]
+    assert "    enP2p1s0f0np0:\n      mtu: 9000\n      addresses: [192.168.178.1/30]\n" in cabling.netplan(addrs, 0)
+    both = " ".join(cabling.summary("ring", twins="both"))
+    first = " ".join(cabling.summary("ring"))
+    assert "full 200G" in both and "one PCIe x4 link (~100G)" in first and "--twins both" in first
+    assert "/30" in first and "--prefix 31" in first
+
+
+def test_a_two_rank_ring_with_two_cables_uses_both(facts):
+    two = {r: _bare(facts[r]) for r in (0, 1)}
+    found = cabling.discover(two, ring_tables(n=2))
+    assert found.topology == "ring" and found.problems == [] and found.notes == []
+    assert [(c.a, c.b) for c in found.cables] == [
+        (cabling.PortRef(0, "enp1s0f0np0"), cabling.PortRef(1, "enp1s0f1np1")),
+        (cabling.PortRef(0, "enp1s0f1np1"), cabling.PortRef(1, "enp1s0f0np0"))]
+    got = {(a.rank, a.netdev): a.cidr for a in cabling.propose(found, two)}
+    assert got == {(0, "enp1s0f0np0"): "192.168.177.1/30", (1, "enp1s0f1np1"): "192.168.177.2/30",
+                   (0, "enp1s0f1np1"): "192.168.177.5/30", (1, "enp1s0f0np0"): "192.168.177.6/30"}
+
+
+def test_a_two_rank_ring_with_one_cable_seen_by_both_twins_is_enough(facts):
+    two = {r: _bare(facts[r]) for r in (0, 1)}
+    found = cabling.discover(two, ring_tables(n=2, cut={1}))
+    assert found.topology == "ring" and found.problems == []
+    assert [(c.a, c.b, c.both_ways) for c in found.cables] == [
+        (cabling.PortRef(0, "enp1s0f0np0"), cabling.PortRef(1, "enp1s0f1np1"), True)]
+    assert found.notes == ["rank 0 and rank 1 share one cable: enough for two ranks; a second one between "
+                           "their other ports doubles the fabric's bandwidth"]
+    addrs = cabling.propose(found, two, twins="both")
+    assert [(a.rank, a.netdev, a.cidr) for a in addrs] == [
+        (0, "enp1s0f0np0", "192.168.177.1/30"), (0, "enP2p1s0f0np0", "192.168.178.1/30"),
+        (1, "enp1s0f1np1", "192.168.177.2/30"), (1, "enP2p1s0f1np1", "192.168.178.2/30")]

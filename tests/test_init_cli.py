@@ -99,3 +99,26 @@ def test_addresses_that_did_not_stick_are_named_by_rank_and_port(tmp_path):
         bringup.confirm_applied({0: f}, want)
     assert "rank 0: enp1s0f1np1 lacks 192.168.177.99/30 after applying it (has 192.168.177.14/30)" in e.value.message
     assert "enp1s0f0np0" not in e.value.message
+
+
+def test_the_fabric_plays_inventory_carries_each_ranks_netplan_text_as_data(tmp_path):
+    answers = bringup.Answers(user="spark", key=Path("/k/id"), known_hosts=tmp_path / "kh", profile="sandbox",
+                              model_path="/models/m", output=tmp_path / "cluster.yaml")
+    loaded = bringup.load_doc(bringup.provisional(HOSTS, answers), tmp_path)
+    addrs = [cabling.Address(0, "enp1s0f0np0", "192.168.177.1/30", False),
+             cabling.Address(1, "enp1s0f1np1", "192.168.177.2/30", True)]
+    from launcher.plan import inventory
+
+    text = inventory.with_host_vars(loaded.cluster, bringup.fabric_vars(addrs, 9000))
+    hosts = yaml.safe_load(text.replace("!unsafe ", ""))["all"]["children"]["spark"]["hosts"]
+    first = hosts["rank0"]  # an IP is no host label: rankN
+    assert first["spark_node_netplan"] == cabling.netplan(addrs, 0, 9000)
+    assert first["spark_node_fabric"] == [{"netdev": "enp1s0f0np0", "address": "192.168.177.1/30"}]
+    assert first["spark_node_fabric_mtu"] == 9000 and first["ansible_user"] == "spark"
+    assert "spark_node_netplan: !unsafe |" in text  # Ansible takes it as data, never a template
+
+
+def test_a_prefix_other_than_30_or_31_is_refused_before_any_login(key, tmp_path):
+    res = cli("init", *HOSTS, "--key", str(key), "--yes", "--profile", "sandbox", "--model-path", "/m",
+              "--prefix", "29", "-o", str(tmp_path / "c.yaml"))
+    assert res.exit_code == 2 and "'29' is not one of '30', '31'" in res.output

@@ -17,7 +17,7 @@ from launcher.sandbox.chain_fixture import write_patches
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a build needs, and nothing else: a build that reached for another file fails here.
-SOURCES = ("launcher", "images", "templates", "env", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
+SOURCES = ("launcher", "images", "templates", "env", "ansible", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 CHECKOUT_SPARKSTACK = Path(sys.executable).with_name("sparkstack")
 
 

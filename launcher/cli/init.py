@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import yaml
 
+from ..status import Status
 from .console import err, friendly_errors, out
 
 
@@ -30,22 +31,38 @@ def _say(line: str) -> None:
 @click.option("--profile", "profile_name", default=None, help="the serving profile (`sparkstack profiles`)")
 @click.option("--model-path", default=None, help="the checkpoint directory, the same path on every rank")
 @click.option("--fabric-net", default="192.168.177.0/24", show_default=True,
-              help="where proposed fabric addresses come from (a ring: a /30 per cable; a switch: this subnet)")
-@click.option("--apply-network", is_flag=True, help="write the netplan file on every rank and apply the addresses")
+              help="where proposed fabric addresses come from (a ring: a /30 or /31 per cable; a switch: this subnet)")
+@click.option("--prefix", type=click.Choice(["30", "31"]), default="30", show_default=True,
+              help="a ring cable's subnet: /30 (every stack reads it alike) or /31 (RFC 3021 point-to-point)")
+@click.option("--twins", type=click.Choice(["first", "both"]), default="first", show_default=True,
+              help="address each port's first netdev only (one PCIe x4 link, ~100G) or both twins (200G)")
+@click.option("--mtu", type=click.IntRange(1280, 9216), default=9000, show_default=True,
+              help="the fabric ports' MTU, in the netplan file and applied now")
+@click.option("--apply", "--apply-network", "apply_network", is_flag=True,
+              help="write the netplan file on every rank (ansible/fabric.yml) and apply the addresses; "
+                   "without it init asks (--yes: not applied)")
 @click.option("--dry-run", is_flag=True, help="discover and print what would be written; change nothing")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("cluster.yaml"), show_default=True)
 @click.option("--force", is_flag=True, help="overwrite --output if it exists")
 @click.option("--sysfs-root", default="/", hidden=True, help="the sandbox's fixture sysfs")
 @click.option("--merge", type=click.Path(exists=True, path_type=Path), default=None,
               help="a YAML file of more cluster.yaml sections (container:, images:, ...) to include")
+@click.option("--ship/--no-ship", "do_ship", default=None,
+              help="put the serving image on every rank before `check` (check fails its image row until "
+                   "then; `up` would ship it too); without either, init asks (--yes: not shipped)")
 @click.option("--no-check", is_flag=True, help="do not run `check` at the end")
 @click.option("-y", "--yes", is_flag=True, help="ask nothing: flags give every answer")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @friendly_errors
 def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile_name, model_path,
-         fabric_net, apply_network, dry_run, output, force, sysfs_root, merge, no_check, yes, as_json):
+         fabric_net, prefix, twins, mtu, apply_network, dry_run, output, force, sysfs_root, merge, do_ship, no_check,
+         yes, as_json):
     """Connect to each host (rank 0 first), install your key, probe, discover the CX7 cabling,
-    address the fabric, write cluster.yaml and run `check` on it.
+    address the fabric, write cluster.yaml, ship the image and run `check` on it.
+
+    It asks (each answer has a flag, and --yes asks nothing): the profile and checkpoint path,
+    each unknown host key, the password once where your key does not log in yet, whether to write
+    the proposed netplan files and apply them (--apply), whether to ship the image (--ship).
 
     \b
     A new cluster: sparkstack init spark1 spark2 spark3 spark4 --user spark
@@ -84,7 +101,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     logins = {}
     for i, host in enumerate(hosts):
         address, port = bringup.split_host(host)
-        t = Target(i, host, address, port, user, answers.key)
+        t = Target(i, f"rank {i}", address, port, user, answers.key)
         logins[host] = hosts_mod.ensure_login(t, answers.known_hosts, trust_new_hosts, ask, cache)
         _say(f"rank {i} {host}: " + ("key login works" if logins[host] == "key" else "key installed (password login)"))
     cache.clear()
@@ -104,20 +121,26 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     _print_cabling(found, labels)
     if found.topology is None:
         raise hosts_mod.InitError("no cabling found between the ranks:\n" + "\n".join(found.problems))
-    addresses = cabling.propose(found, facts, fabric_net)
-    result = {"logins": logins, "cabling": found.to_json(), "sudo": sudo,
-              "addresses": [{"rank": a.rank, "netdev": a.netdev, "address": a.cidr, "existing": a.existing}
-                            for a in addresses]}
+    try:
+        addresses = cabling.propose(found, facts, fabric_net, int(prefix), twins)
+    except ValueError as e:
+        raise hosts_mod.InitInputError(str(e)) from None
+    result = {"logins": logins, "cabling": found.to_json(), "sudo": sudo, "mtu": mtu, "prefix": int(prefix),
+              "twins": twins, "addresses": [{"rank": a.rank, "netdev": a.netdev, "address": a.cidr,
+                                             "existing": a.existing} for a in addresses]}
+    _print_proposal(cabling.summary(found.topology, fabric_net, int(prefix), twins, mtu), addresses, labels)
+    new = any(not a.existing for a in addresses)
     if dry_run:
         for r in range(len(hosts)):
             _say(f"--- rank {r} {hosts[r]}: {cabling.NETPLAN_FILE}")
-            _say(cabling.netplan(addresses, r))
-    elif apply_network:
-        for line in bringup.apply_addresses(loaded, addresses):
+            _say(cabling.netplan(addresses, r, mtu))
+    elif apply_network or (new and not yes and click.confirm(
+            f"write {cabling.NETPLAN_FILE} on every rank and apply these addresses now?", default=True, err=True)):
+        for line in bringup.apply_addresses(loaded, addresses, mtu):
             _say("addressed " + line)
         bringup.confirm_applied(bringup.probe_all(loaded), addresses)
-    elif any(not a.existing for a in addresses):
-        _say("the fabric ports have no addresses yet: run again with --apply-network (or --dry-run to see the files)")
+    elif new:
+        _say("the fabric ports have no addresses yet: run again with --apply (or --dry-run to see the files)")
     doc = bringup.provisional(list(hosts), answers, found.topology)
     doc["ranks"] = [bringup.rank_doc(i, h, answers, facts[i].hostname, cabling.fabric_ips(addresses, i))
                     for i, h in enumerate(hosts)]
@@ -133,6 +156,10 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
         _say(f"wrote {output}")
     result["config"] = str(output)
     ok = not found.problems
+    if not dry_run and (do_ship or (do_ship is None and not yes and click.confirm(
+            "put the serving image on every rank now (check fails its image row until it is there)?",
+            default=True, err=True))):
+        result["ship"] = _ship(output)
     if not (dry_run or no_check):
         from ..check import check as check_mod
         from ..inputs import config as config_mod
@@ -151,6 +178,35 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     sys.exit(0 if ok else 1)
 
 
+def _ship(config: Path) -> str:
+    """`sparkstack ship` on the config just written: "shipped", or why not (check then says it too)."""
+    from ..images import build as build_mod, ship as ship_mod
+    from ..inputs import config as config_mod
+    from ..transport import remote
+    from ..errors import SparkstackError
+
+    loaded = config_mod.load(config)
+    try:
+        ids = ship_mod.local_image_ids([build_mod.local_chain(loaded).top])
+        with remote.Group.for_cluster(loaded.cluster, say=_say) as group:
+            shipment = ship_mod.make_plan(group, ids)
+            ship_mod.apply(shipment, group, say=_say)
+    except SparkstackError as e:
+        _say(f"not shipped: {e.message}; `sparkstack build && sparkstack ship` once that is fixed")
+        return "not shipped: " + e.message
+    failed = [r.error or f"rank {r.rank}: failed" for r in shipment.ranks if r.status == Status.FAILED]
+    for line in failed:
+        _say(f"not shipped: {line}")
+    return "failed" if failed else "shipped"
+
+
+def _print_proposal(summary: list[str], addresses, labels) -> None:
+    for line in summary:
+        _say(line)
+    for a in addresses:
+        _say(f"  rank {a.rank} ({labels[a.rank]}) {a.netdev} {a.cidr}" + (" (already there: kept)" if a.existing else ""))
+
+
 def _print_cabling(found, labels) -> None:
     if found.topology == "switch":
         for r, nd in sorted(found.switch_ports.items()):
@@ -160,4 +216,6 @@ def _print_cabling(found, labels) -> None:
              f"({labels[c.b.rank]}) {c.b.netdev}" + ("" if c.both_ways else " (seen from one end only)"))
     for p in found.problems:
         _say(f"PROBLEM: {p}")
+    for n in found.notes:
+        _say(f"note: {n}")
     _say(f"cabled as: {found.topology or 'neither a ring nor a switch'}")

@@ -6,16 +6,21 @@ cluster.yaml. Each step's logic is pure (launcher/facts/cabling.py); here is the
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .. import onrank
+from .. import onrank, resources
 from ..facts import cabling as cabling_mod
 from ..inputs import config as config_mod
+from ..plan import inventory
 from ..transport import gather
 from .hosts import InitError
 
@@ -99,34 +104,69 @@ def neighbours(loaded, all_facts: dict) -> dict:
     return out
 
 
+def ansible_playbook() -> str:
+    """The ansible-playbook beside this Python (a venv's), else the one on PATH."""
+    here = Path(sys.executable).with_name("ansible-playbook")
+    found = str(here) if here.exists() else shutil.which("ansible-playbook")
+    if not found:
+        raise InitError("applying the fabric addresses runs ansible/fabric.yml, and ansible-playbook is not "
+                        "installed: `pip install ansible-core` where sparkstack is installed (or write the "
+                        f"files `init --dry-run` prints to {cabling_mod.NETPLAN_FILE} and run `sudo netplan apply`)")
+    return found
+
+
+def fabric_vars(addresses: list, mtu: int) -> dict[int, dict]:
+    """Each rank's host vars for ansible/fabric.yml: its netplan text and the addresses it adds."""
+    ranks = sorted({a.rank for a in addresses})
+    return {r: {"spark_node_netplan": cabling_mod.netplan(addresses, r, mtu),
+                "spark_node_netplan_file": cabling_mod.NETPLAN_FILE, "spark_node_fabric_mtu": mtu,
+                "spark_node_fabric": [{"netdev": a.netdev, "address": a.cidr} for a in addresses if a.rank == r]}
+            for r in ranks}
+
+
 def apply_addresses(loaded, addresses: list, mtu: int = cabling_mod.MTU) -> list[str]:
-    """The netplan file on each rank (persistent), and the same addresses now with iproute2
-    (netplan apply would bounce every interface, the SSH one too). Returns per-rank lines."""
-    lines = []
-    with gather.open_group(loaded) as group:
-        def one(conn):
-            r = conn.target.rank
-            mine = [a for a in addresses if a.rank == r]
-            if not mine:
-                return f"{conn.target.label}: nothing to address"
-            text = cabling_mod.netplan(addresses, r, mtu)
-            cmds = [f"mkdir -p /etc/netplan && umask 077 && cat > {cabling_mod.NETPLAN_FILE}"]
-            res = conn.run(cmds[0], stdin=text.encode(), sudo=True, timeout=30)
-            if not res.ok:
-                raise InitError(f"{conn.target.label}: cannot write {cabling_mod.NETPLAN_FILE}: {res.why()}; "
-                                "the user needs sudo for init --apply-network (or write the file shown "
-                                "by --dry-run yourself and run `sudo netplan apply`)")
-            now = " && ".join(f"ip link set {a.netdev} mtu {mtu} up && ip addr replace {a.cidr} dev {a.netdev}"
-                              for a in mine if not a.existing) or "true"
-            res = conn.run(now, sudo=True, timeout=30)
-            if not res.ok:
-                raise InitError(f"{conn.target.label}: applying the addresses failed: {res.why()}")
-            return f"{conn.target.label}: " + ", ".join(f"{a.netdev} {a.cidr}" for a in mine)
-        for o in group.gather(one):
-            if o.error is not None:
-                raise o.error if isinstance(o.error, InitError) else InitError(str(o.error))
-            lines.append(o.value)
-    return lines
+    """ansible/fabric.yml on the ranks with addresses: the netplan file (checked by netplan before
+    it lands, persistent) and the same addresses and MTU now. Returns per-rank lines."""
+    playbook = resources.ANSIBLE_DIR / "fabric.yml"
+    extra = fabric_vars(addresses, mtu)
+    names = inventory.host_names(loaded.cluster)
+    with tempfile.TemporaryDirectory(prefix="sparkstack-fabric-") as tmp:
+        inv = Path(tmp) / "inventory.yaml"
+        inv.write_text(inventory.with_host_vars(loaded.cluster, extra))
+        res = subprocess.run([ansible_playbook(), "-i", str(inv), "--limit", ",".join(names[r] for r in extra),
+                              str(playbook)], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "ANSIBLE_CONFIG": str(resources.ANSIBLE_DIR / "ansible.cfg"),
+                                  "ANSIBLE_NOCOLOR": "1"})
+    if res.returncode != 0:
+        raise InitError("writing the fabric's netplan files failed (ansible/fabric.yml):\n"
+                        + _playbook_failures(res.stdout + res.stderr, names)
+                        + "\nfix what the rank says, then run init again")
+    return [f"rank {r} ({names[r]}): " + ", ".join(f"{a.netdev} {a.cidr}" for a in addresses if a.rank == r)
+            + f", MTU {mtu}, {cabling_mod.NETPLAN_FILE}" for r in extra]
+
+
+_FAILED = re.compile(r"^(?:fatal|failed): \[([^\]]+)\].*?(?:=>\s*)?(\{.*\})?$", re.M)
+
+
+def _playbook_failures(output: str, names: list[str]) -> str:
+    """One line per failed rank: its name and index, the task, and the message (netplan's own,
+    when the file was refused)."""
+    lines, task = [], "?"
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line[6:line.index("]")] if "]" in line else line
+        m = _FAILED.match(line)
+        if not m:
+            continue
+        name = m.group(1).split(" ")[0]
+        try:
+            body = json.loads(m.group(2) or "{}")
+        except ValueError:
+            body = {}
+        why = " ".join(str(body.get(k) or "").strip() for k in ("msg", "stderr")).strip() or line
+        where = f"rank {names.index(name)} ({name})" if name in names else name
+        lines.append(f"{where}: {task}: {why}")
+    return "\n".join(lines) or output.strip()[-2000:]
 
 
 def confirm_applied(all_facts: dict, addresses: list) -> None:

@@ -85,6 +85,8 @@ def _unsafe(value):
         return _Unsafe(value)
     if isinstance(value, dict):  # keys: ours, or sysctl names (node_settings checks them)
         return {k: _unsafe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unsafe(v) for v in value]
     return value
 
 
@@ -222,3 +224,12 @@ def _literal_changes(text: str) -> bool:
         return ast.literal_eval(text) != text
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return False
+
+
+def with_host_vars(cluster, extra: dict[int, dict]) -> str:
+    """A YAML inventory of the ranks with more host vars per rank index (for ansible/fabric.yml:
+    each rank's netplan text and addresses), every value data, never a template."""
+    hosts = {name: {**host_vars(cluster, i), **_unsafe(extra.get(i, {}))}
+             for i, name in enumerate(host_names(cluster))}
+    doc = {"all": {"children": {GROUP: {"hosts": hosts, "vars": {"ansible_python_interpreter": PYTHON}}}}}
+    return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)

@@ -43,12 +43,13 @@ The bare sandbox (`up --bare`, $SPARKSTACK_SANDBOX_BARE=1) stands BESIDE this on
 network ``sparkstack-sandbox-bare`` on 172.31.242.0/24 ($SPARKSTACK_SANDBOX_BARE_SUBNET), state dir
 ``~/.local/state/sparkstack/sandbox-bare`` ($SPARKSTACK_SANDBOX_BARE_DIR), its own switch
 namespace; `down`/`status` of one never touch the other. Its ranks are Sparks before `init`: the
-same cables (veths with the fixtures' MACs, IPv6 link-local on) without IPv4 addresses, the
-fixtures' GID tables link-local only, no authorized key, a password login for ``spark`` (sshd's
+same cables (veths with the fixtures' MACs, IPv6 link-local on) without IPv4 addresses and at
+a fresh port's MTU (1500), the fixtures' GID tables link-local only, Debian's real netplan.io (its
+own image, debian_image.RANK_FS_BARE: `netplan generate` checks the file init writes), no authorized key, a password login for ``spark`` (sshd's
 PasswordAuthentication on for this sandbox only; the password in ``<state dir>/password``), no
 cluster.yaml. Every `up --bare` puts them back in that state. Its sysfs fixture is writable by
 the rank: a stand-in for the kernel (gid_standin.py) adds a port's IPv4 RoCE GIDs when the port
-gets an address, as the kernel does.
+gets an address, and shows its MTU in class/net/<port>/mtu, as the kernel does.
 
 The checkpoint is a host directory bind-mounted read-only at ``/models/glm53-sandbox`` in all four
 ranks: the stand-in for the NFS export of a real cluster. It is a bind mount because this kernel
@@ -618,7 +619,7 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
     state_dir = (Path(state_dir) if state_dir else state_dir_default()).expanduser().resolve()
     net = subnet()
     client = connect()
-    images = debian_image.ensure_images(client, progress)
+    images = debian_image.ensure_images(client, progress, bare=links.bare())
     prepare_state(state_dir, net, n, cabling)
     ensure_network(client, net)
     gone = _remove_extra_ranks(client, n)
@@ -657,7 +658,7 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
             _mount_fixture(c, net)
     if laid:
         what = "ring link(s)" if cabling == "ring" else "switch cable(s) of rank(s)"
-        progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {fabric.MTU})")
+        progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {links._end_mtu()})")
     if not links.bare():  # `sparkstack init` writes the bare sandbox's
         write_cluster_yaml(state_dir, net, images["vllm"], n, cabling)
     result = status(state_dir, client=client, n=n)
@@ -791,7 +792,8 @@ def _bare_rank(container, password: str) -> None:
               # every `up --bare` is a Spark before `init` again: no key, no fabric address
               f": > /home/{USER}/.ssh/authorized_keys && rm -f /etc/netplan/60-sparkstack-fabric.yaml && "
               f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER} && chmod 0440 /etc/sudoers.d/{USER} && "
-              f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; done; true")
+              f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; "
+              f"ip link set dev $d mtu {links.BARE_MTU} 2>/dev/null; done; true")
     res = container.exec_run(["sh", "-c", script])
     if res.exit_code != 0:
         raise SandboxError(f"{container.name}: cannot enable the password login: "

@@ -273,6 +273,10 @@ _RANK_HOOKS = [
 _STANDIN_HOOKS = ['rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin']
 
 RANK_FS = RootfsRecipe("sparkstack-sandbox-rankfs", RANK_PACKAGES)
+# The bare sandbox's ranks (`sandbox up --bare`, for `sparkstack init`) also carry Debian's real
+# netplan (netplan.io): `netplan generate` parses the fabric file init writes, strictly and with
+# netplan's own messages. Its own repository, so the normal sandbox's image is left as it is.
+RANK_FS_BARE = RootfsRecipe("sparkstack-sandbox-rankfs-bare", RANK_PACKAGES + ("netplan.io",))
 # Every rank extracts the stand-in image at each `up` (docker load into its own store), and on
 # this disk that costs ~2 ms per file: leave out the files a Python stand-in never reads
 # (time zones, iconv modules, shell completion, lintian overrides), ~1300 of ~5500 files.
@@ -293,16 +297,22 @@ _STANDIN_TRIM = (
     "path-exclude=/usr/share/lintian/*",
 )
 STANDIN_FS = RootfsRecipe("sparkstack-sandbox-pyfs", STANDIN_PACKAGES, extra_dpkg=_STANDIN_TRIM)
-HOOKS = {RANK_FS.repository: _RANK_HOOKS, STANDIN_FS.repository: _STANDIN_HOOKS}
+HOOKS = {RANK_FS.repository: _RANK_HOOKS, RANK_FS_BARE.repository: _RANK_HOOKS,
+         STANDIN_FS.repository: _STANDIN_HOOKS}
 
 
-def rank_stage() -> FilesStage:
-    return FilesStage("sparkstack-sandbox-rank", RANK_FS, RANK_DOCKERFILE,
-                      {"sandbox-rank-init": RANK_INIT.encode(), "sandbox.conf": SSHD_CONF.encode(),
-                       "sandbox-runc": SANDBOX_RUNC.encode(), "sandbox-dockerd": SANDBOX_DOCKERD.encode(),
-                       "sandbox-meminfo": (STANDINS / "standin_mem.py").read_bytes()},
-                      {"sandbox-rank-init": 0o755, "sandbox-runc": 0o755, "sandbox-dockerd": 0o755,
-                       "sandbox-meminfo": 0o755})
+def rank_stage(bare: bool = False) -> FilesStage:
+    if bare:
+        return FilesStage("sparkstack-sandbox-rank-bare", RANK_FS_BARE, RANK_DOCKERFILE, *_rank_files())
+    return FilesStage("sparkstack-sandbox-rank", RANK_FS, RANK_DOCKERFILE, *_rank_files())
+
+
+def _rank_files() -> tuple[dict, dict]:
+    return ({"sandbox-rank-init": RANK_INIT.encode(), "sandbox.conf": SSHD_CONF.encode(),
+             "sandbox-runc": SANDBOX_RUNC.encode(), "sandbox-dockerd": SANDBOX_DOCKERD.encode(),
+             "sandbox-meminfo": (STANDINS / "standin_mem.py").read_bytes()},
+            {"sandbox-rank-init": 0o755, "sandbox-runc": 0o755, "sandbox-dockerd": 0o755,
+             "sandbox-meminfo": 0o755})
 
 
 # The files of a vLLM EXL3 image that the chain's stages add to or overlay (vLLM's package layout
@@ -483,9 +493,9 @@ def drop_old_tags(client, repository: str, keep: str) -> None:
                     pass
 
 
-def ensure_images(client, progress=print) -> dict[str, str]:
+def ensure_images(client, progress=print, bare: bool = False) -> dict[str, str]:
     """Both sandbox images, built only when their content-hash tag is missing."""
-    stages = {"rank": rank_stage(), "vllm": standin_stage()}
+    stages = {"rank": rank_stage(bare), "vllm": standin_stage()}
     missing = [st.parent for st in stages.values()
                if not image_exists(client, st.tag) and not image_exists(client, st.parent.tag)]
     if len(missing) > 1:
@@ -505,7 +515,8 @@ def ensure_images(client, progress=print) -> dict[str, str]:
 def remove_cached_images(client) -> list[str]:
     """Remove every sandbox image (for a cold start); returns the tags removed."""
     removed = []
-    for repo in ["sandbox-vllm", "sparkstack-sandbox-rank", RANK_FS.repository, STANDIN_FS.repository]:
+    for repo in ["sandbox-vllm", "sparkstack-sandbox-rank", "sparkstack-sandbox-rank-bare", RANK_FS.repository,
+                 RANK_FS_BARE.repository, STANDIN_FS.repository]:
         for img in client.images.list(name=repo):
             for tag in img.tags:
                 try:

@@ -1,6 +1,6 @@
 """The kernel's part the bare sandbox's fixtures cannot play by themselves: when a port gets an
 IPv4 address, its RDMA device's GID table gains the IPv4-mapped RoCE v1/v2 entries (and loses
-them with the address). Runs in each bare rank (python3 -c SOURCE), over the rank's own
+them with the address), and /sys/class/net/<port>/mtu shows the port's MTU as `ip link` sets it. Runs in each bare rank (python3 -c SOURCE), over the rank's own
 `ip -j addr`, rewriting the GID files of its sysfs fixture; the normal sandbox's fixtures are
 written with their addresses' GIDs from the start and need none.
 """
@@ -58,6 +58,11 @@ while True:
         addrs = {e["ifname"]: [a["local"] for a in e.get("addr_info", [])] for e in json.loads(out)}
         for hca in os.listdir(ROOT):
             one_port(os.path.join(ROOT, hca, "ports", "1"), addrs)
+        out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True).stdout
+        for e in json.loads(out):
+            mtu = os.path.join(sys.argv[2], "class", "net", e["ifname"], "mtu")
+            if os.path.exists(mtu):
+                write(mtu, str(e["mtu"]))
     except (OSError, ValueError, KeyError):
         pass
     time.sleep(0.1)

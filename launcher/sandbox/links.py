@@ -14,7 +14,8 @@ and the host holds no fabric address.
 
 Each end carries the MAC its rank's sysfs fixture names, and IPv6 on (link-local addresses, as
 a Spark's ports have): `sparkstack init` finds the cabling from the neighbours those addresses
-answer. In the bare sandbox (`bare()`) the ends get no IPv4 address: `init` gives them theirs.
+answer. In the bare sandbox (`bare()`) the ends get no IPv4 address and the MTU a fresh port has
+(1500): `init` gives them theirs (its netplan file, MTU 9000 by default).
 
 A pair lives as long as both namespaces: when a rank container is recreated its end vanishes and
 the kernel removes the other end with it, so `wire` finds the cable missing and lays it again.
@@ -91,6 +92,13 @@ def switch_ends(n: int) -> list[End]:
     return out
 
 
+BARE_MTU = 1500  # a port nobody has configured yet
+
+
+def _end_mtu() -> int:
+    return BARE_MTU if bare() else fabric.MTU
+
+
 def _has(pid: int, end: End) -> bool:
     """The end exists, is up, and holds its address."""
     done = _ip(pid, "-j", "addr", "show", "dev", end.netdev, check=False)
@@ -102,7 +110,7 @@ def _has(pid: int, end: End) -> bool:
         return False
     addrs = {f"{a['local']}/{a['prefixlen']}" for a in info.get("addr_info", []) if a.get("family") == "inet"}
     addressed = bare() or end.ip in addrs  # the bare sandbox's ends start without one
-    return addressed and "UP" in info.get("flags", []) and info.get("mtu") == fabric.MTU
+    return addressed and "UP" in info.get("flags", []) and (bare() or info.get("mtu") == fabric.MTU)
 
 
 def _lay(cable: Cable, pids: dict[int, int]) -> None:
@@ -110,9 +118,9 @@ def _lay(cable: Cable, pids: dict[int, int]) -> None:
     for pid, end in ((pa, cable.a), (pb, cable.b)):
         _ip(pid, "link", "del", end.netdev, check=False)  # a leftover half
     # both ends born in their namespaces: no name ever exists on the host
-    subprocess.run(["ip", "link", "add", "name", cable.a.netdev, "netns", str(pa), "mtu", str(fabric.MTU),
+    subprocess.run(["ip", "link", "add", "name", cable.a.netdev, "netns", str(pa), "mtu", str(_end_mtu()),
                     "address", _mac(cable.a), "type", "veth", "peer", "name", cable.b.netdev,
-                    "netns", str(pb), "mtu", str(fabric.MTU), "address", _mac(cable.b)],
+                    "netns", str(pb), "mtu", str(_end_mtu()), "address", _mac(cable.b)],
                    capture_output=True, text=True, check=True, timeout=10)
     for pid, end in ((pa, cable.a), (pb, cable.b)):
         _bring_up(pid, end)
@@ -157,8 +165,9 @@ def _lay_switch_port(end: End, pid: int) -> None:
     port_name = f"sw{end.rank}"
     _ip(pid, "link", "del", end.netdev, check=False)
     _sw("link", "del", port_name, check=False)
-    subprocess.run(["ip", "link", "add", "name", end.netdev, "netns", str(pid), "mtu", str(fabric.MTU),
-                    "address", _mac(end), "type", "veth", "peer", "name", port_name, "netns", switch_ns(), "mtu", str(fabric.MTU)],
+    subprocess.run(["ip", "link", "add", "name", end.netdev, "netns", str(pid), "mtu", str(_end_mtu()),
+                    "address", _mac(end), "type", "veth", "peer", "name", port_name, "netns", switch_ns(),
+                    "mtu", str(fabric.MTU)],  # the switch takes jumbo frames; the rank's port decides
                    capture_output=True, text=True, check=True, timeout=10)
     _sw("link", "set", port_name, "master", SWITCH_BRIDGE, "up")
     _bring_up(pid, end)
