@@ -1,6 +1,6 @@
 """`sparkstack stage` without a cluster (issue 15): the plan from each rank's listing (golden), the
 rank-side script on real directories here (list, copy, resume after a kill, a hash mismatch), and
-`plan` serving from model.local_path. tests/sandbox/test_stage_sandbox.py runs it on the sandbox."""
+`plan` serving from model.local_path. tests/test_stage_sandbox.py runs it on the sandbox."""
 
 import hashlib
 import json
