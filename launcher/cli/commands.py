@@ -35,7 +35,7 @@ def trust_option(when: str = ""):
 
 lock_option = click.option(
     "--wait-lock", "wait_lock", type=click.FloatRange(min=0), default=0, metavar="SECONDS",
-    help="when another up/down/ship/prep holds the cluster lock, wait this long for it (default: refuse at once)")
+    help="when another up/down/ship/prep/stage holds the cluster lock, wait this long for it (default: refuse at once)")
 
 
 def with_cluster(profile: bool = False, interrupted: str | None = None):
