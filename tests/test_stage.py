@@ -53,6 +53,48 @@ def test_stage_plan_matches_golden(golden):
     golden.check(GOLDEN / "dry-run.txt", "\n".join(staging.lines(plan)) + "\n")
 
 
+# a ring of four: each rank reaches its two neighbours, at the far end of each cable
+RING = {0: {1: "10.9.1.1", 3: "10.9.4.2"}, 1: {0: "10.9.1.2", 2: "10.9.2.1"},
+        2: {1: "10.9.2.2", 3: "10.9.3.1"}, 3: {2: "10.9.3.2", 0: "10.9.4.1"}}
+NFS_10G = {r: (1e9, True) for r in range(4)}  # 10G at 80 %, one file server's port
+LINKS_200G = {(r, p): 2e10 for r, peers in RING.items() for p in peers}
+
+
+def peer_plan(listings=LISTINGS) -> staging.StagePlan:
+    return staging.route_peers(staging.make(SRC, DST, listings), RING)
+
+
+def test_stage_peer_plan_matches_golden(golden):
+    plan = peer_plan()
+    plan.estimates = {"nfs": staging.seconds(staging.make(SRC, DST, LISTINGS), NFS_10G, LINKS_200G),
+                      "peer": staging.seconds(plan, NFS_10G, LINKS_200G)}
+    golden.check(GOLDEN / "plan-peer.json", json.dumps(plan.to_json(), indent=2) + "\n")
+    golden.check(GOLDEN / "dry-run-peer.txt", "\n".join(staging.lines(plan)) + "\n")
+
+
+def test_peers_read_the_source_once_and_spread_over_the_ring():
+    empty = {r: (f"spark{r + 1}", listing({"absent": True})) for r in range(4)}
+    plan = peer_plan(empty)
+    assert [(r.peer, r.peer_address, r.phase) for r in plan.ranks] == [
+        (None, None, 0), (0, "10.9.1.2", 1), (1, "10.9.2.2", 2), (0, "10.9.4.1", 1)]
+    assert [[r.rank for r in phase] for phase in plan.phases] == [[0], [1, 3], [2]]
+    # a complete rank (2) is the source: the file server is not read at all
+    plan = peer_plan(LISTINGS)
+    assert [(r.rank, r.peer, r.phase) for r in plan.ranks if r.todo] == [(0, 1, 2), (1, 2, 1), (3, 2, 1)]
+    # 4 × 7 MB through one 10G port vs 7 MB once, then two 200G hops (rank 0's two cables at once)
+    nfs, peer = (staging.seconds(p, NFS_10G, LINKS_200G) for p in (staging.make(SRC, DST, empty), peer_plan(empty)))
+    total = empty[0][1]["src"]["files"]
+    size = sum(s for s, _ in total.values())
+    assert nfs == pytest.approx(size / (1e9 / 4)) and peer == pytest.approx(size / 1e9 + 2 * size / 2e10)
+    assert staging.seconds(peer_plan(empty), NFS_10G, {}) is None  # a link's speed unknown
+
+
+def test_a_rank_no_copy_reaches_reads_the_source_with_the_first():
+    empty = {r: (f"spark{r + 1}", listing({"absent": True})) for r in range(3)}
+    plan = staging.route_peers(staging.make(SRC, DST, empty), {1: {0: "10.9.1.1"}, 2: {}})
+    assert [(r.peer, r.phase) for r in plan.ranks] == [(None, 0), (0, 1), (None, 0)]
+
+
 def test_the_plan_copies_only_what_is_missing_and_refuses_a_short_disk():
     plan = staging.make(SRC, DST, LISTINGS)
     r0, r1, r2, r3 = plan.ranks
@@ -109,9 +151,9 @@ def plan_here(src, dst, manifest=None) -> staging.StagePlan:
     return staging.make(str(src), str(dst), {0: ("here", json.loads(out))}, manifest)
 
 
-def copy_args(plan, bwlimit=0):
+def copy_args(plan, bwlimit=0, peer=None):
     from launcher.apply.stage import copy_args
-    return copy_args(plan, plan.ranks[0], bwlimit)
+    return copy_args(plan, plan.ranks[0], bwlimit, peer)
 
 
 def sha(path) -> str:
@@ -163,6 +205,33 @@ def test_a_hash_mismatch_names_the_file_and_keeps_nothing(tree):
     assert not (dst / "model-00002-of-00002.safetensors").exists()
     assert not (dst / ".model-00002-of-00002.safetensors.partial").exists()
     assert (dst / "model-00001-of-00002.safetensors").exists()  # the others are in place
+
+
+def test_a_copy_from_a_peer_server_resumes_and_keeps_the_source_mtime(tree, tmp_path):
+    """serve on one side (its stdin open while it serves), copy from it on the other."""
+    src, dst = tree
+    plan = plan_here(src, dst)
+    command, source = onrank.invocation_keeping_stdin(
+        "stage", {"mode": "serve", "dir": str(src), "bind": "127.0.0.1",
+                  "names": [f.name for f in plan.ranks[0].todo]})
+    server = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    server.stdin.write(source)
+    server.stdin.flush()
+    try:
+        port = int(server.stdout.readline().decode().split()[1])
+        name = "model-00001-of-00002.safetensors"
+        dst.mkdir(parents=True)
+        (dst / f".{name}.partial").write_bytes((src / name).read_bytes()[:1_000_000])
+        plan = plan_here(src, dst, manifest={name: sha(src / name)})
+        rc, out = script(copy_args(plan, peer=["127.0.0.1", port]))
+        assert rc == 0, out
+        assert int(out.splitlines()[-1][2:]) == plan.ranks[0].to_copy == 4_000_000 + 24 - 1_000_000
+        for f in src.iterdir():
+            if not f.name.startswith("."):
+                assert sha(dst / f.name) == sha(f) and int(os.stat(dst / f.name).st_mtime) == int(os.stat(f).st_mtime)
+    finally:
+        server.stdin.close()  # the kit done: the server ends
+        assert server.wait(timeout=10) == 0
 
 
 # --- the config and the plan -------------------------------------------------------------------

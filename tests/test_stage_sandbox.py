@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from serving import cli, engine_record
+from serving import cli, engine_record, mgmt_if
 
 LOCAL = "/home/spark/staged/glm53"
 SHARD = "model-00002-of-00003.safetensors"
@@ -166,3 +166,30 @@ def test_a_short_disk_is_refused_before_anything_is_copied(sandbox, tmp_path):
             assert rc != 0, f"{name}: something was copied"
     finally:
         on_all(sandbox, f"rm -rf {local} {filler}")
+
+
+def fabric_rx(sandbox, name) -> int:
+    """Bytes received on the rank's interfaces other than lo and its management one."""
+    mgmt = mgmt_if(sandbox, name)
+    rc, out, err = sandbox.run(name, f"cd /sys/class/net && for i in *; do [ $i = lo ] || [ $i = {mgmt} ] || "
+                                     "cat $i/statistics/rx_bytes; done")
+    assert rc == 0, err
+    return sum(int(n) for n in out.split())
+
+
+def test_peers_copy_over_the_fabric_and_auto_takes_the_faster(sandbox, cfg):
+    total = checkpoint_bytes(sandbox)
+    auto = stage(cfg, "--dry-run")["plan"]
+    # the sandbox's model.path is a local bind mount (3 GB/s a rank, not shared): nfs is faster
+    assert auto["via"] == "nfs" and auto["estimates"]["nfs"] < auto["estimates"]["peer"], auto
+    planned = stage(cfg, "--dry-run", "--from", "peer")["plan"]
+    routes = [(r["peer"], r["phase"]) for r in planned["ranks"]]
+    assert routes[0] == (None, 0) and routes[1] == (0, 1) and routes[3] == (0, 1) and routes[2][1] == 2, routes
+    before = {name: fabric_rx(sandbox, name) for name in sandbox.names}
+    done = stage(cfg, "--from", "peer")
+    assert [(r["copied"], r["error"]) for r in done["ranks"]] == [(total, None)] * 4
+    got = {name: fabric_rx(sandbox, name) - before[name] for name in sandbox.names}
+    assert all(got[name] >= total for name in sandbox.names[1:]), got  # the copy came over a cable
+    assert got[sandbox.names[0]] < total, got  # rank 0 read model.path
+    found = rows(cfg)
+    assert all(found[(r, "staged")]["status"] == "pass" for r in range(4))

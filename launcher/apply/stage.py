@@ -12,24 +12,58 @@ from __future__ import annotations
 
 import select
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ipaddress import ip_address, ip_interface
+
 from .. import onrank
-from ..check import staged
+from ..check import check, staged
+from ..facts import load_path
 from ..images.ship import PROGRESS_S, Progress
 from ..inputs.config import Loaded
 from ..plan import staging
-from ..transport import remote
+from ..transport import gather, remote
 from ..transport.remote import Connection, Group
 
 COPY_LIFETIME_S = 24 * 3600  # the copy ends on the rank by itself should this host vanish
 
 
-def make_plan(loaded: Loaded, group: Group) -> staging.StagePlan:
+def make_plan(loaded: Loaded, group: Group, via: str = "nfs") -> staging.StagePlan:
+    """The plan from every rank's listing; with `via` peer or auto, the ranks are probed too
+    (model.path's read path, the fabric's far ends) for the peer routes and both estimates."""
     m = loaded.cluster.model
     listings = {o.target.rank: (o.target.label, o.value if o.ok else o.why())
                 for o in group.gather(lambda c: staged.list_rank(c, loaded))}
-    return staging.make(m.path, m.local_path, listings, staged.manifest(listings))
+    manifest = staged.manifest(listings)
+    plan = staging.make(m.path, m.local_path, listings, manifest)
+    if via == "nfs":
+        return plan
+    facts = gather.facts_of(gather.gather(group, loaded, model_dir=m.path))
+    reach = {r: {t.peer: t.ip for t in targets if t.peer >= 0}
+             for r, targets in check.ping_targets(loaded, facts).items()}
+    peer = staging.route_peers(staging.make(m.path, m.local_path, listings, manifest), reach)
+    nfs_rate, link_rate = _rates(loaded, facts, reach)
+    estimates = {"nfs": staging.seconds(plan, nfs_rate, link_rate), "peer": staging.seconds(peer, nfs_rate, link_rate)}
+    faster = estimates["peer"] is not None and estimates["nfs"] is not None and estimates["peer"] < estimates["nfs"]
+    chosen = peer if via == "peer" or faster else plan
+    chosen.estimates = estimates
+    return chosen
+
+
+def _rates(loaded: Loaded, facts: dict, reach: dict[int, dict[int, str]]) -> tuple[dict, dict]:
+    """Bytes/s of each rank's model.path read alone (its load path) and of each fabric link
+    (the reader's interface on the peer address's subnet), at the load estimate's line efficiency."""
+    nfs = loaded.cluster.model.nfs
+    paths = {r: load_path.for_rank(r, f, nfs.server if nfs else None) for r, f in facts.items()}
+    nfs_rate = {r: (p.bytes_per_s, p.kind == "network") if p else (None, False) for r, p in paths.items()}
+    link_rate = {}
+    for r, peers in reach.items():
+        for p, address in peers.items():
+            speed = next((i.speed for i in facts[r].interfaces for a in i.ipv4
+                          if ip_address(address) in ip_interface(a).network), None)
+            link_rate[(r, p)] = speed * 1e6 / 8 * load_path.LINE_EFFICIENCY if speed else None
+    return nfs_rate, link_rate
 
 
 @dataclass
@@ -47,26 +81,77 @@ class RankResult:
 
 
 def apply(plan: staging.StagePlan, group: Group, say=print, bwlimit: int = 0) -> list[RankResult]:
-    """Every rank with something to copy copies it, at once; a result per rank (never raises for
-    a rank's failure)."""
-    by_rank = {r.rank: r for r in plan.ranks}
-    todo = Group([c for c in group.connections if by_rank[c.target.rank].todo])
+    """Phase by phase, every rank of a phase copies what it lacks at once, from model.path or
+    from its peer (a server on the peer for the phase); a result per rank (never raises for a
+    rank's failure). A failed phase leaves the later ones undone (a re-run resumes)."""
     results = {r.rank: RankResult(r.rank, r.host, missing=r.to_copy) for r in plan.ranks}
-    for o in todo.gather(lambda c: _copy_rank(c, plan, by_rank[c.target.rank], results[c.target.rank],
-                                              say, bwlimit)):
-        if not o.ok:
-            results[o.target.rank].error = o.why()
+    conns = {c.target.rank: c for c in group.connections}
+    for k, ranks in enumerate(plan.phases):
+        if any(results[r].error for r in results):
+            for r in ranks:
+                results[r.rank].error = f"{r.host}: not copied: an earlier phase failed; re-run `sparkstack stage`"
+            continue
+        with _servers(plan, ranks, conns, results) as ports:
+            todo = Group([conns[r.rank] for r in ranks if not results[r.rank].error])
+            for o in todo.gather(lambda c: _copy_rank(c, plan, _rank(plan, c), results[c.target.rank], say,
+                                                      bwlimit, ports.get(c.target.rank))):
+                if not o.ok:
+                    results[o.target.rank].error = o.why()
     return [results[r.rank] for r in plan.ranks]
 
 
-def copy_args(plan: staging.StagePlan, rank: staging.RankStage, bwlimit: int) -> dict:
-    return {"mode": "copy", "src": plan.source, "dst": plan.dest, "bwlimit": bwlimit,
-            "files": [[f.name, f.size, plan.sha256(f.name)] for f in rank.todo]}
+def _rank(plan: staging.StagePlan, conn: Connection) -> staging.RankStage:
+    return next(r for r in plan.ranks if r.rank == conn.target.rank)
+
+
+@contextmanager
+def _servers(plan: staging.StagePlan, ranks: list[staging.RankStage], conns: dict, results: dict):
+    """A file server on each peer this phase reads from, at the address its readers reach;
+    yields {reader rank: [address, port]}, closes them after (their stdin ends)."""
+    wanted: dict[tuple[int, str], list[staging.RankStage]] = {}
+    for r in ranks:
+        if r.peer is not None:
+            wanted.setdefault((r.peer, r.peer_address), []).append(r)
+    channels, ports = [], {}
+    try:
+        for (p, address), readers in wanted.items():
+            names = sorted({f.name for r in readers for f in r.todo})
+            command, script = onrank.invocation_keeping_stdin(
+                "stage", {"mode": "serve", "dir": plan.dest, "bind": address, "names": names})
+            channel = conns[p].spawn(command, script, COPY_LIFETIME_S, keep_stdin=True)
+            channels.append(channel)
+            port = _port(channel)
+            for r in readers:
+                if port:
+                    ports[r.rank] = [address, port]
+                else:
+                    results[r.rank].error = (f"{r.host}: rank {p} could not serve its copy at {address} "
+                                             "(is that address still its own?); `--from nfs` reads model.path instead")
+        yield ports
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def _port(channel, wait_s: float = 20.0) -> int | None:
+    """The server's `PORT n` line, None when it did not come."""
+    buffer, deadline = b"", time.monotonic() + wait_s
+    while b"\n" not in buffer and time.monotonic() < deadline and not channel.exit_status_ready():
+        select.select([channel], [], [], 0.5)
+        while channel.recv_ready():
+            buffer += channel.recv(1024)
+    kind, _, rest = buffer.partition(b"\n")[0].decode(errors="replace").partition(" ")
+    return int(rest) if kind == "PORT" and rest.isdigit() else None
+
+
+def copy_args(plan: staging.StagePlan, rank: staging.RankStage, bwlimit: int, peer: list | None = None) -> dict:
+    return {"mode": "copy", "src": plan.source, "dst": plan.dest, "bwlimit": bwlimit, "peer": peer,
+            "files": [[f.name, f.size, plan.sha256(f.name), f.mtime] for f in rank.todo]}
 
 
 def _copy_rank(conn: Connection, plan: staging.StagePlan, rank: staging.RankStage, result: RankResult,
-               say, bwlimit: int) -> None:
-    command, stdin = onrank.invocation("stage", copy_args(plan, rank, bwlimit))
+               say, bwlimit: int, peer: list | None = None) -> None:
+    command, stdin = onrank.invocation("stage", copy_args(plan, rank, bwlimit, peer))
     progress = Progress(conn.target.name, lambda: rank.to_copy, say)
     cancel = getattr(remote._cancel, "event", None)
     channel = conn.spawn(command, stdin, COPY_LIFETIME_S)

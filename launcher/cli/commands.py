@@ -851,11 +851,14 @@ def manifest(loaded, trust_new_hosts):
                           "as .NAME.partial; re-run `sparkstack stage` to resume")
 @json_option
 @click.option("--dry-run", is_flag=True, help="show per rank what is missing and the disk space, copy nothing")
+@click.option("--from", "via", type=click.Choice(["auto", "nfs", "peer"]), default="auto", show_default=True,
+              help="nfs: every rank reads model.path; peer: one rank does, the others copy from a rank "
+                   "that has it over the fabric; auto: the faster by the estimate")
 @click.option("--bwlimit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MB/S",
               help="cap each rank's copy at this many MB/s (keep the file server usable meanwhile)")
 @trust_option()
 @lock_option
-def stage(loaded, as_json, dry_run, bwlimit, trust_new_hosts, wait_lock):
+def stage(loaded, as_json, dry_run, via, bwlimit, trust_new_hosts, wait_lock):
     """Copy the checkpoint from model.path to model.local_path on every rank's own disk, all
     ranks at once; `up` then serves from the local copy.
 
@@ -863,14 +866,21 @@ def stage(loaded, as_json, dry_run, bwlimit, trust_new_hosts, wait_lock):
     Plan first: each rank lists both directories; a top-level file of model.path whose local
     copy has another size or mtime, or none, is copied. Nothing is copied when a rank's free
     space at model.local_path is less than what it lacks, or a rank cannot read model.path: the
-    message names the rank. Each rank reads its own model.path (the NFS mount). Each file goes
+    message names the rank. --from nfs: each rank reads its own model.path (the NFS mount) at
+    once. --from peer: one rank reads it (a rank with a complete copy: none), the others copy
+    from a rank that has the copy, over the fabric (a cable's far end in a ring), phase by phase:
+    the file server's port carries the checkpoint once, not once per rank. While a phase runs,
+    each source rank serves the files its readers need, unauthenticated, on its fabric address.
+    --from auto (the default) takes the one with the shorter estimate (model.path's read path as
+    `check`'s load row finds it, the links' speeds), nfs when either is not known. Each file goes
     to `.NAME.partial` first, is checked against `sparkstack manifest`'s sha256 when there is a
     manifest (a mismatch names the file and the rank), given the source's mtime and renamed.
     Interrupted (Ctrl+C, a lost connection), a re-run resumes each partial file from where it
     stopped: only what is missing moves. Progress per rank: copied of missing, rate, ETA.
     `check` compares every rank's copy with model.path by size and mtime; `check --deep` hashes it.
-    --json prints {"plan": {"source", "dest", "manifest", "to_copy", "ranks": [{"rank", "host",
-    "files": [{"name", "size", "state", "have"}], "free", "to_copy", "error"}]}, "ranks":
+    --json prints {"plan": {"source", "dest", "manifest", "via", "estimates", "to_copy", "ranks":
+    [{"rank", "host", "files": [{"name", "size", "state", "have", "mtime"}], "free", "free_at",
+    "error", "peer", "peer_address", "phase", "to_copy"}]}, "ranks":
     [{"rank", "host", "copied", "missing", "seconds", "files", "error"}]} (no "ranks" with --dry-run).
     """
     from ..apply import cluster_lock
@@ -883,7 +893,7 @@ def stage(loaded, as_json, dry_run, bwlimit, trust_new_hosts, wait_lock):
                               "(an absolute path on each rank's own disk, the same on every rank)")
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     with gather.open_group(loaded, trust_new=trust_new_hosts, say=say) as group:
-        plan = stage_mod.make_plan(loaded, group)
+        plan = stage_mod.make_plan(loaded, group, via)
         refusals = plan.refusals()
         if dry_run or refusals:
             if as_json:

@@ -1,8 +1,11 @@
 """A rank's side of `sparkstack stage` (and of `check`'s staged row). Sent on stdin like the probe:
 
     python3 - '{"mode": "list", "src": "<model.path>", "dst": "<model.local_path>"}'
-    python3 - '{"mode": "copy", "src": ..., "dst": ..., "files": [[name, size, sha256 or null]],
-                "bwlimit": <bytes/s, 0: none>}'
+    python3 - '{"mode": "copy", "src": ..., "dst": ..., "files": [[name, size, sha256 or null, mtime]],
+                "bwlimit": <bytes/s, 0: none>, "peer": null or [address, port]}'
+    (serve: run with onrank.invocation_keeping_stdin)
+    python3 -c LOADER '{"mode": "serve", "dir": "<model.local_path>", "bind": "<fabric address>",
+                        "names": [...]}'
 
 list: one JSON object: the top-level files of both directories (size, mtime in whole seconds),
 the temp files a stopped copy left in dst (`.NAME.partial`, their sizes), the free bytes where
@@ -12,13 +15,19 @@ from its end -- then size-checked, hashed against the given sha256 (the whole fi
 part included), given the source's mtime and renamed to NAME. It prints `P <bytes>` (copied so
 far by this run) at most every PROGRESS_S, `D <name>` when a file is in place, `E <name> <why>`
 when one is not (its temp file kept unless its hash was wrong). Exit 0 when every file is in place.
+serve: a peer source. Listens on `bind` (the rank's fabric address a reader reaches), a port the
+kernel picks, printed as `PORT <n>`; each connection asks `<name> <offset>\n` for one of `names`
+in `dir` and gets its bytes from that offset. It ends when its stdin closes (the kit is done).
+A copy with `peer` reads from there instead of `src`, and gives each file the mtime it was given.
 Standard library only.
 """
 
 import hashlib
 import json
 import os
+import socket
 import sys
+import threading
 import time
 
 PROGRESS_S = 0.5
@@ -107,7 +116,7 @@ class Copier:
             self.last = now
             say("P %d" % self.copied)
 
-    def one(self, src, dst, name, size, sha):
+    def one(self, src, dst, name, size, sha, mtime=None, peer=None):
         tmp = os.path.join(dst, partial_name(name))
         have = os.path.getsize(tmp) if os.path.exists(tmp) else 0
         if have > size:  # not this file's prefix: start over
@@ -122,9 +131,8 @@ class Copier:
                         break
                     h.update(block)
                     left -= len(block)
-        with open(os.path.join(src, name), "rb") as fin, open(tmp, "r+b" if have else "wb") as fout:
+        with open_source(src, name, have, peer) as fin, open(tmp, "r+b" if have else "wb") as fout:
             fout.truncate(have)
-            fin.seek(have)
             fout.seek(have)
             while True:
                 block = fin.read(CHUNK)
@@ -143,10 +151,54 @@ class Copier:
             os.unlink(tmp)
             return "sha256 %s, the manifest says %s: the source's copy is corrupt or changed" % (
                 h.hexdigest()[:12], sha[:12])
-        st = os.stat(os.path.join(src, name))
-        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if peer:
+            os.utime(tmp, (mtime, mtime))
+        else:
+            st = os.stat(os.path.join(src, name))
+            os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         os.replace(tmp, os.path.join(dst, name))
         return None
+
+
+def open_source(src, name, offset, peer):
+    """The file's bytes from `offset`: the source file, or a peer's copy over a socket."""
+    if not peer:
+        f = open(os.path.join(src, name), "rb")
+        f.seek(offset)
+        return f
+    conn = socket.create_connection(tuple(peer), timeout=60)
+    conn.sendall(("%s %d\n" % (name, offset)).encode())
+    return conn.makefile("rb")
+
+
+def serve(args):
+    """Hand out the named files of `dir` to the ranks that ask, until stdin closes."""
+    names = set(args["names"])
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((args["bind"], 0))
+    listener.listen(16)
+    say("PORT %d" % listener.getsockname()[1])
+
+    def handle(conn):
+        with conn:
+            request = conn.makefile("rb").readline().decode(errors="replace").split()
+            if len(request) != 2 or request[0] not in names or not request[1].isdigit():
+                return
+            with open(os.path.join(args["dir"], request[0]), "rb") as f:
+                f.seek(int(request[1]))
+                for block in iter(lambda: f.read(CHUNK), b""):
+                    conn.sendall(block)
+
+    def accept():
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    while sys.stdin.buffer.read(1 << 16):
+        pass
+    return 0
 
 
 def say(line):
@@ -163,9 +215,10 @@ def copy(args):
         return 1
     copier = Copier(args.get("bwlimit") or 0)
     failed = 0
-    for name, size, sha in args["files"]:
+    peer = args.get("peer")
+    for name, size, sha, mtime in args["files"]:
         try:
-            problem = copier.one(src, dst, name, size, sha)
+            problem = copier.one(src, dst, name, size, sha, mtime, peer)
         except OSError as e:
             problem = why(e)
         if problem:
@@ -187,7 +240,7 @@ def main():
     if args["mode"] == "list":
         print(json.dumps(listing(args["src"], args["dst"]), sort_keys=True))
         return 0
-    return copy(args)
+    return serve(args) if args["mode"] == "serve" else copy(args)
 
 
 if __name__ == "__main__":
