@@ -141,6 +141,12 @@ def test_a_corrupted_staged_shard_is_named_with_its_rank_by_check_deep(sandbox, 
     assert rc == 0, err
     cheap = rows(cfg)
     assert cheap[(2, "staged")]["status"] == "pass"  # same size and mtime: only a hash sees it
+    rc, _out, err = sandbox.run("spark2", f"touch {LOCAL}/model-00009-of-00009.safetensors")
+    assert rc == 0, err
+    stale = rows(cfg)[(1, "staged")]
+    assert stale["status"] == "warn" and "model-00009-of-00009.safetensors" in stale["value"], stale
+    rc, _out, err = sandbox.run("spark2", f"rm {LOCAL}/model-00009-of-00009.safetensors")
+    assert rc == 0, err
     deep = rows(cfg, "--deep")
     assert deep[(2, "hashes")]["status"] == "fail"
     assert deep[(2, "hashes")]["value"].startswith(f"rank 2: {SHARD} differs from the manifest")

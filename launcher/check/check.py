@@ -856,6 +856,10 @@ def _check_staged(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("staged", Status.FAIL, f"{len(s.todo)} of {len(s.files)} files of {m.path} not in place in "
                f"{m.local_path} ({first.name}: {first.state}), {s.to_copy / 1e6:,.1f} MB to copy",
                "copy them: `sparkstack stage` (resumes, copies only what is missing)")
+    elif s.extra:
+        rr.add("staged", Status.WARN, f"{m.local_path} holds {len(s.extra)} files that {m.path} lacks "
+               f"({', '.join(s.extra[:3])}{', ...' if len(s.extra) > 3 else ''})",
+               f"remove them on this rank (`rm {m.local_path}/NAME`): the engine reads every *.safetensors there")
     else:
         rr.add("staged", Status.PASS, f"{m.local_path}: {len(s.files)} files, the size and mtime of {m.path}'s")
 

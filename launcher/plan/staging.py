@@ -43,6 +43,7 @@ class RankStage:
     free: int | None = None  # bytes free where model.local_path is (or would be)
     free_at: str | None = None
     error: str | None = None  # why this rank cannot be planned (its source unreadable, ...)
+    extra: list[str] = field(default_factory=list)  # files in the copy that model.path lacks (kept)
     peer: int | None = None  # the rank it copies from (None: its own model.path)
     peer_address: str | None = None  # that rank's fabric address it reaches
     phase: int = 0  # copies once every rank of the phases before is done
@@ -140,6 +141,7 @@ def rank_stage(rank: int, host: str, listing: dict, source: str, dest: str) -> R
     else:
         files, partial = dst.get("files", {}), dst.get("partial", {})
         stage.files = [file_state(n, v, files, partial) for n, v in sorted(src["files"].items())]
+        stage.extra = sorted(set(files) - set(src["files"]))
     return stage
 
 
