@@ -880,7 +880,7 @@ def stage(loaded, as_json, dry_run, via, bwlimit, trust_new_hosts, wait_lock):
     `check` compares every rank's copy with model.path by size and mtime; `check --deep` hashes it.
     --json prints {"plan": {"source", "dest", "manifest", "via", "estimates", "to_copy", "ranks":
     [{"rank", "host", "files": [{"name", "size", "state", "have", "mtime"}], "free", "free_at",
-    "error", "peer", "peer_address", "phase", "to_copy"}]}, "ranks":
+    "error", "extra", "peer", "peer_address", "phase", "to_copy"}]}, "ranks":
     [{"rank", "host", "copied", "missing", "seconds", "files", "error"}]} (no "ranks" with --dry-run).
     """
     from ..apply import cluster_lock
