@@ -146,7 +146,7 @@ def statuses(report: check.Report) -> dict[str, set[str]]:
 
 def test_healthy_facts_pass_every_row(sandbox_config, fabric_facts):
     report = check.evaluate(inputs(sandbox_config, fabric_facts))
-    assert [c.name for c in report.ranks[0].checks] == [n for n in check.ORDER if n != "staged"]  # staged: with model.local_path
+    assert [c.name for c in report.ranks[0].checks] == list(check.ORDER)
     assert report.ok and all(s == {"pass"} for s in statuses(report).values()), \
         [c for r in report.ranks for c in r.checks if c.status != "pass"]
     assert row(report, 0, "gpu").value.startswith("not required by config")

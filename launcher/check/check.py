@@ -45,8 +45,10 @@ from ..transport.gather import RankFacts
 
 ORDER = ("ssh", "docker", "image", "gpu", "driver", "nvidia runtime", "gpu clock", "kernel", "memory", "vllm guard",
          "free while serving", "swap", "sysctls", "ulimits", "link", "roce", "cx7 firmware", "mtu", "peers", "jumbo",
-         "nccl", "checkpoint", "staged", "load", "disk", "clock", "api key")
+         "nccl", "checkpoint", "load", "disk", "clock", "api key")
 OPTIONAL = ("bandwidth", "hashes")  # rows only on request, after ORDER: `check --bandwidth`, `--deep`
+STAGED = "staged"  # a row only with model.local_path, right after the checkpoint row
+SHOWN = (*ORDER[:ORDER.index("checkpoint") + 1], STAGED, *ORDER[ORDER.index("checkpoint") + 1:], *OPTIONAL)
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
 SWAP_USED_WARN = 256 << 20
@@ -814,6 +816,11 @@ def _build_text(build: tuple[str | None, int | None]) -> str:
 
 
 def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    _checkpoint_row(inp, r, f, rr)
+    _check_staged(inp, r, f, rr)
+
+
+def _checkpoint_row(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
     path = inp.loaded.cluster.model.serving_path  # the staged copy when model.local_path is set
     c = f.checkpoint
     if c is None or not c.shards:
@@ -845,23 +852,23 @@ def _check_staged(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         return
     listing = inp.staged.get(r, "not listed")
     if isinstance(listing, str):
-        rr.add("staged", Status.WARN, f"{m.local_path} not compared with {m.path}: {listing}", "re-run check")
+        rr.add(STAGED, Status.WARN, f"{m.local_path} not compared with {m.path}: {listing}", "re-run check")
         return
     s = staging.rank_stage(r, "", listing, m.path, m.local_path)
     if s.error:
-        rr.add("staged", Status.WARN, f"{m.local_path} not compared: {s.error}",
+        rr.add(STAGED, Status.WARN, f"{m.local_path} not compared: {s.error}",
                "the engine reads the local copy; mount model.path to have it compared (`sparkstack prep`)")
     elif s.todo:
         first = s.todo[0]
-        rr.add("staged", Status.FAIL, f"{len(s.todo)} of {len(s.files)} files of {m.path} not in place in "
+        rr.add(STAGED, Status.FAIL, f"{len(s.todo)} of {len(s.files)} files of {m.path} not in place in "
                f"{m.local_path} ({first.name}: {first.state}), {s.to_copy / 1e6:,.1f} MB to copy",
                "copy them: `sparkstack stage` (resumes, copies only what is missing)")
     elif s.extra:
-        rr.add("staged", Status.WARN, f"{m.local_path} holds {len(s.extra)} files that {m.path} lacks "
+        rr.add(STAGED, Status.WARN, f"{m.local_path} holds {len(s.extra)} files that {m.path} lacks "
                f"({', '.join(s.extra[:3])}{', ...' if len(s.extra) > 3 else ''})",
                f"remove them on this rank (`rm {m.local_path}/NAME`): the engine reads every *.safetensors there")
     else:
-        rr.add("staged", Status.PASS, f"{m.local_path}: {len(s.files)} files, the size and mtime of {m.path}'s")
+        rr.add(STAGED, Status.PASS, f"{m.local_path}: {len(s.files)} files, the size and mtime of {m.path}'s")
 
 
 def _check_load(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:

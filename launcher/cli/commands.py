@@ -930,7 +930,7 @@ _STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", 
 def _print_check(check_mod, report, verbose: bool) -> None:
     table = make_table("check", *(f"{r.rank} {r.host}" for r in report.ranks))
     cells = {(r.rank, c.name): c.status for r in report.ranks for c in r.checks}
-    for name in (*check_mod.ORDER, *check_mod.OPTIONAL):
+    for name in check_mod.SHOWN:
         if any((r.rank, name) in cells for r in report.ranks):
             table.add_row(name, *(_STATUS_STYLE.get(cells.get((r.rank, name)), "[dim]-[/]")
                                   for r in report.ranks))
