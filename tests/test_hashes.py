@@ -54,7 +54,7 @@ def facts_of(ranks):
     return {r.target.rank: SimpleNamespace(checkpoint=c) for r in ranks}
 
 
-LOADED = SimpleNamespace(cluster=SimpleNamespace(model=SimpleNamespace(path=PATH)))
+LOADED = SimpleNamespace(cluster=SimpleNamespace(model=SimpleNamespace(path=PATH, local_path=None, serving_path=PATH)))
 
 
 def test_manifest_is_shared_out_then_every_rank_matches(ranks):

@@ -1,4 +1,4 @@
-"""One operator at a time: `up`, `down`, `ship` and `prep` hold the cluster lock on rank 0 while
+"""One operator at a time: `up`, `down`, `ship`, `prep` and `stage` hold the cluster lock on rank 0 while
 they run (launcher/onrank/lock_holder.py holds it there). A second one waits (--wait-lock) or
 refuses naming who holds it; a lock whose holder stopped answering (its host died, the network
 went) lapses after STALE_S and the next one takes it over with a note. Read-only commands

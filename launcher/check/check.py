@@ -47,6 +47,8 @@ ORDER = ("ssh", "docker", "image", "gpu", "driver", "nvidia runtime", "gpu clock
          "free while serving", "swap", "sysctls", "ulimits", "link", "roce", "cx7 firmware", "mtu", "peers", "jumbo",
          "nccl", "checkpoint", "load", "disk", "clock", "api key")
 OPTIONAL = ("bandwidth", "hashes")  # rows only on request, after ORDER: `check --bandwidth`, `--deep`
+STAGED = "staged"  # a row only with model.local_path, right after the checkpoint row
+SHOWN = (*ORDER[:ORDER.index("checkpoint") + 1], STAGED, *ORDER[ORDER.index("checkpoint") + 1:], *OPTIONAL)
 CLOCK_TOLERANCE_S = 1.0
 PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
 SWAP_USED_WARN = 256 << 20
@@ -226,6 +228,7 @@ class Inputs:
     targets: dict[int, list[PingTarget]] = field(default_factory=dict)
     extras: dict[int, Extras] = field(default_factory=dict)
     api_key: apikey.ApiKey | None = None  # None: read from this host (apikey.resolve)
+    staged: dict[int, dict | str] = field(default_factory=dict)  # model.local_path vs model.path listings
     model: ModelFacts | None = None  # the checkpoint as read here (None: as need_error says)
 
     _fabrics: dict = field(default_factory=dict, repr=False)
@@ -813,14 +816,21 @@ def _build_text(build: tuple[str | None, int | None]) -> str:
 
 
 def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
-    path = inp.loaded.cluster.model.path
+    _checkpoint_row(inp, r, f, rr)
+    _check_staged(inp, r, f, rr)
+
+
+def _checkpoint_row(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    path = inp.loaded.cluster.model.serving_path  # the staged copy when model.local_path is set
     c = f.checkpoint
     if c is None or not c.shards:
         why = next((p for p in f.problems if p.startswith("checkpoint")), f"no *.safetensors in {path}")
         if NOT_ANSWERING in why:
             rr.add("checkpoint", Status.FAIL, f"NFS server not answering: {why}", _nfs_fix(inp.loaded, f))
             return
-        rr.add("checkpoint", Status.FAIL, why, f"mount the checkpoint at {path} on every rank (sparkstack prep)")
+        staged = inp.loaded.cluster.model.local_path is not None
+        rr.add("checkpoint", Status.FAIL, why, f"copy the checkpoint to {path} on every rank: `sparkstack stage`"
+               if staged else f"mount the checkpoint at {path} on every rank (sparkstack prep)")
         return
     prints = Counter(x.checkpoint.fingerprint for x in inp.facts.values() if x.checkpoint and x.checkpoint.shards)
     common = prints.most_common(1)[0][0]
@@ -831,6 +841,34 @@ def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
                "every rank must see the same files: mount the one NFS export (a partial copy differs)")
     else:
         rr.add("checkpoint", Status.PASS, shown + (", same on all ranks" if len(prints) == 1 else ""))
+
+
+def _check_staged(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+    """With model.local_path: every file of model.path in the rank's copy, same size and mtime."""
+    from ..plan import staging
+
+    m = inp.loaded.cluster.model
+    if m.local_path is None:
+        return
+    listing = inp.staged.get(r, "not listed")
+    if isinstance(listing, str):
+        rr.add(STAGED, Status.WARN, f"{m.local_path} not compared with {m.path}: {listing}", "re-run check")
+        return
+    s = staging.rank_stage(r, "", listing, m.path, m.local_path)
+    if s.error:
+        rr.add(STAGED, Status.WARN, f"{m.local_path} not compared: {s.error}",
+               "the engine reads the local copy; mount model.path to have it compared (`sparkstack prep`)")
+    elif s.todo:
+        first = s.todo[0]
+        rr.add(STAGED, Status.FAIL, f"{len(s.todo)} of {len(s.files)} files of {m.path} not in place in "
+               f"{m.local_path} ({first.name}: {first.state}), {s.to_copy / 1e6:,.1f} MB to copy",
+               "copy them: `sparkstack stage` (resumes, copies only what is missing)")
+    elif s.extra:
+        rr.add(STAGED, Status.WARN, f"{m.local_path} holds {len(s.extra)} files that {m.path} lacks "
+               f"({', '.join(s.extra[:3])}{', ...' if len(s.extra) > 3 else ''})",
+               f"remove them on this rank (`rm {m.local_path}/NAME`): the engine reads every *.safetensors there")
+    else:
+        rr.add(STAGED, Status.PASS, f"{m.local_path}: {len(s.files)} files, the size and mtime of {m.path}'s")
 
 
 def _check_load(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
@@ -929,6 +967,9 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
     from concurrent.futures import ThreadPoolExecutor
 
     from ..transport import gather
+    from . import staged as staged_mod
+
+    staged: dict[int, dict | str] = {}
 
     def rank(conn) -> tuple[gather.RankFacts, list[PingTarget], Extras | None]:
         """Probe, then at once this rank's pings: no waiting for the slowest rank's probe."""
@@ -939,6 +980,8 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
         command, stdin = extras_invocation(targets)
         result = conn.run(command, stdin=stdin, timeout=PING_WAIT_S + 10)
         extra = parse_extras(result.stdout, targets) if result.ok else Extras({}, error=result.why())
+        if loaded.cluster.model.local_path:  # the staged copy against its source, by size and mtime
+            staged[conn.target.rank] = staged_mod.list_rank(conn, loaded)
         return found, targets, extra
 
     with ThreadPoolExecutor(max_workers=1) as local:
@@ -949,6 +992,7 @@ def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
     facts = inp.facts
     inp.targets = {g.rank: resolve_peers(t, facts) for g, t, _ in answers if g.facts is not None}
     inp.extras = {g.rank: e for g, _, e in answers if e is not None}
+    inp.staged = staged
     return inp
 
 

@@ -101,9 +101,10 @@ def make(loaded: Loaded, group: Group, facts: dict[int, Facts]) -> tuple[Path, d
 
 
 def verify(loaded: Loaded, group: Group, facts: dict[int, Facts]) -> dict[int, Finding]:
-    """Every rank hashes all its files at once; each rank's finding against the manifest made
-    for its fingerprint, else against the hash most ranks read."""
-    path = loaded.cluster.model.path
+    """Every rank hashes all its files at once, in the directory the engine reads (the staged
+    copy when model.local_path is set); each rank's finding against the manifest made for its
+    fingerprint, else against the hash most ranks read."""
+    path = loaded.cluster.model.serving_path
     wanted = {r: files(f) for r, f in facts.items() if f.checkpoint and f.checkpoint.shards}
     chosen = Group([c for c in group.connections if c.target.rank in wanted])
     read = {o.target.rank: (o.value if o.ok else ({}, o.why()))
@@ -113,10 +114,12 @@ def verify(loaded: Loaded, group: Group, facts: dict[int, Facts]) -> dict[int, F
         votes = Counter(got.get(name) for got, _ in read.values() if got.get(name))
         if votes:
             majority[name] = votes.most_common(1)[0][0]
-    return {r: _judge(r, facts[r], got, why, path, majority) for r, (got, why) in read.items()}
+    local = loaded.cluster.model.local_path is not None
+    return {r: _judge(r, facts[r], got, why, path, majority, local) for r, (got, why) in read.items()}
 
 
-def _judge(r: int, f: Facts, got: dict[str, str], why: str, path: str, majority: dict[str, str]) -> Finding:
+def _judge(r: int, f: Facts, got: dict[str, str], why: str, path: str, majority: dict[str, str],
+           local: bool = False) -> Finding:
     manifest = load(f.checkpoint.fingerprint)
     against, what = (manifest, "the manifest") if manifest else (majority, "the other ranks")
     names = files(f)
@@ -124,12 +127,14 @@ def _judge(r: int, f: Facts, got: dict[str, str], why: str, path: str, majority:
     if unread:
         return Finding(Status.FAIL, f"rank {r}: {unread[0]} in {path} could not be read ({why or 'no hash'})"
                        + (f", {len(unread) - 1} more" if len(unread) > 1 else ""),
+                       "copy the file again: `sparkstack stage`" if local else
                        "copy the file again (or remount the checkpoint: `sparkstack prep`)")
     bad = [n for n in names if against.get(n) and got[n] != against[n]]
     if bad:
         return Finding(Status.FAIL, f"rank {r}: {bad[0]} differs from {what} (sha256 {got[bad[0]][:12]}, "
                        f"expected {against[bad[0]][:12]})" + (f", {len(bad) - 1} more" if len(bad) > 1 else ""),
-                       f"copy {bad[0]} to this rank's {path} again from a good copy")
+                       f"on this rank `rm {path}/{bad[0]}`, then `sparkstack stage` copies it again" if local
+                       else f"copy {bad[0]} to this rank's {path} again from a good copy")
     note = "" if manifest else " (no manifest: `sparkstack manifest` makes one)"
     return Finding(Status.PASS if manifest else Status.WARN,
                    f"{len(names)} files match {what}{note}",

@@ -18,8 +18,13 @@ from ..plan import plan
 
 
 def read_model(loaded: Loaded) -> plan.ModelFacts:
-    """The checkpoint as seen from here, else the profile's seed figures (noted in `assumed`)."""
-    model_dir = Path(loaded.cluster.model.path)
+    """The checkpoint as seen from here, else the profile's seed figures (noted in `assumed`).
+    With model.local_path, the staged copy when this host has one, else its source (model.path):
+    `check` compares every rank's copy with the source, file by file."""
+    model = loaded.cluster.model
+    model_dir = Path(model.serving_path)
+    if model.local_path and not (model_dir / "config.json").is_file():
+        model_dir = Path(model.path)
     profile = loaded.profile
     try:
         shape = read_shape(model_dir)

@@ -16,7 +16,7 @@ from ..inputs import config as config_mod
 from ..inputs.profile import load_profile, profile_names
 from ..check import plan_inputs
 from ..status import Status
-from .console import err, friendly_errors, make_table, out, plain, print_table
+from .console import err, friendly, friendly_errors, make_table, out, plain, print_table
 
 config_option = click.option(
     "-c", "--config", "config_file", metavar="PATH",
@@ -35,20 +35,21 @@ def trust_option(when: str = ""):
 
 lock_option = click.option(
     "--wait-lock", "wait_lock", type=click.FloatRange(min=0), default=0, metavar="SECONDS",
-    help="when another up/down/ship/prep holds the cluster lock, wait this long for it (default: refuse at once)")
+    help="when another up/down/ship/prep/stage holds the cluster lock, wait this long for it (default: refuse at once)")
 
 
-def with_cluster(profile: bool = False):
+def with_cluster(profile: bool = False, interrupted: str | None = None):
     """Put right under @main.command(): adds -c/--config (and --profile, where a command takes
     one) and hands the command `loaded`, the config read and cross-checked, instead; failures,
-    the config's and the command's, end as friendly_errors ends them."""
+    the config's and the command's, end as friendly_errors ends them (Ctrl+C saying
+    `interrupted`, where given)."""
 
     def decorate(fn):
         @functools.wraps(fn)
         def run(config_file, profile_name=None, **kwargs):
             return fn(config_mod.load(config_mod.config_path(config_file), profile_name), **kwargs)
 
-        run = friendly_errors(run)
+        run = friendly(interrupted)(run) if interrupted else friendly_errors(run)
         if profile:  # listed last in --help, as it always was
             profile_option(run)
             run.__click_params__.insert(0, run.__click_params__.pop())
@@ -816,7 +817,9 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth, deep):
     --gpu-memory-utilization, as vLLM checks it), swap, sysctls, ulimits (what a
     container can get vs container.nofile/memlock), link (up, 200G), roce (RoCE v2 GID of the
     fabric IP), cx7 firmware (same on all), mtu (same on all), peers (ping every peer's fabric IP), jumbo (don't-fragment
-    ping at MTU 9000), checkpoint (same path and fingerprint everywhere), load (the interface and
+    ping at MTU 9000), checkpoint (same path and fingerprint everywhere; the staged copy when
+    model.local_path is set), staged (with model.local_path: each rank's copy has every file of
+    model.path, same size and mtime; `sparkstack stage` copies what is missing), load (the interface and
     speed the checkpoint is read over, the cold-load estimate), disk, clock (≤ 1 s),
     api key (rank 0 only: the API asks for a key; warn when it takes none).
     Each row is pass / warn / fail with the measured value and, when not pass, the fix.
@@ -844,17 +847,95 @@ def manifest(loaded, trust_new_hosts):
     """Hash every checkpoint file once (sha256), shared out over the ranks at once, and keep the
     manifest on this host ($XDG_STATE_HOME/sparkstack/manifests/, named after the checkpoint's
     fingerprint): `check --deep` then names any rank whose shard differs from it."""
-    from ..check import check as check_mod, hashes
+    from ..check import hashes
     from ..transport import gather
 
     with gather.open_group(loaded, trust_new=trust_new_hosts,
                            say=lambda line: err.print(line, markup=False, highlight=False)) as group:
-        facts = check_mod.collect(loaded, group).facts
+        facts = gather.facts_of(gather.gather(group, loaded, model_dir=loaded.cluster.model.path))
         try:
             path, sha = hashes.make(loaded, group, facts)
         except ValueError as e:
             raise SparkstackError(str(e)) from None
     out.print(f"{len(sha)} files hashed; manifest {path}", markup=False)
+
+
+@main.command()
+@with_cluster(interrupted="interrupted: the files copied so far are in place and the one in flight is kept "
+                          "as .NAME.partial; re-run `sparkstack stage` to resume")
+@json_option
+@click.option("--dry-run", is_flag=True, help="show per rank what is missing and the disk space, copy nothing")
+@click.option("--from", "via", type=click.Choice(["auto", "nfs", "peer"]), default="auto", show_default=True,
+              help="nfs: every rank reads model.path; peer: one rank does, the others copy from a rank "
+                   "that has it over the fabric; auto: the faster by the estimate")
+@click.option("--bwlimit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MB/S",
+              help="cap each rank's copy at this many MB/s (keep the file server usable meanwhile)")
+@trust_option()
+@lock_option
+def stage(loaded, as_json, dry_run, via, bwlimit, trust_new_hosts, wait_lock):
+    """Copy the checkpoint from model.path to model.local_path on every rank's own disk, all
+    ranks at once; `up` then serves from the local copy.
+
+    \b
+    Plan first: each rank lists both directories; a top-level file of model.path whose local
+    copy has another size or mtime, or none, is copied. Nothing is copied when a rank's free
+    space at model.local_path is less than what it lacks, or a rank cannot read model.path: the
+    message names the rank. --from nfs: each rank reads its own model.path (the NFS mount) at
+    once. --from peer: one rank reads it (a rank with a complete copy: none), the others copy
+    from a rank that has the copy, over the fabric (a cable's far end in a ring), phase by phase:
+    the file server's port carries the checkpoint once, not once per rank. While a phase runs,
+    each source rank serves the files its readers need, unauthenticated, on its fabric address.
+    --from auto (the default) takes the one with the shorter estimate (model.path's read path as
+    `check`'s load row finds it, the links' speeds), nfs when either is not known. Each file goes
+    to `.NAME.partial` first, is checked against `sparkstack manifest`'s sha256 when there is a
+    manifest (a mismatch names the file and the rank), given the source's mtime and renamed.
+    Interrupted (Ctrl+C, a lost connection), a re-run resumes each partial file from where it
+    stopped: only what is missing moves. Progress per rank: copied of missing, rate, ETA.
+    `check` compares every rank's copy with model.path by size and mtime; `check --deep` hashes it.
+    --json prints {"plan": {"source", "dest", "manifest", "via", "estimates", "to_copy", "ranks":
+    [{"rank", "host", "files": [{"name", "size", "state", "have", "mtime"}], "free", "free_at",
+    "error", "extra", "peer", "peer_address", "phase", "to_copy"}]}, "ranks":
+    [{"rank", "host", "copied", "missing", "seconds", "files", "error"}]} (no "ranks" with --dry-run).
+    """
+    from ..apply import cluster_lock
+    from ..apply import stage as stage_mod
+    from ..plan import staging
+    from ..transport import gather
+
+    if not loaded.cluster.model.local_path:
+        raise SparkstackError("model.local_path is not set in cluster.yaml: nothing to stage to; add it "
+                              "(an absolute path on each rank's own disk, the same on every rank)")
+    say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+    with gather.open_group(loaded, trust_new=trust_new_hosts, say=say) as group:
+        plan = stage_mod.make_plan(loaded, group, via)
+        refusals = plan.refusals()
+        if dry_run or refusals:
+            if as_json:
+                click.echo(json.dumps({"plan": plan.to_json()}, indent=2))
+            else:
+                for line in staging.lines(plan):
+                    out.print(line, markup=False, highlight=False)
+            if refusals:
+                raise SparkstackError("nothing was copied:\n" + "\n".join(refusals))
+            return
+        with cluster_lock.held(loaded, group, wait_lock, say):
+            results = stage_mod.apply(plan, group, say, int(bwlimit * 1e6) if bwlimit else 0)
+    if as_json:
+        click.echo(json.dumps({"plan": plan.to_json(), "ranks": [r.to_json() for r in results]}, indent=2))
+    else:
+        _print_ranks([(r.rank, r.host, _staged_text(r)) for r in results], [r.error for r in results])
+    failed = [r for r in results if r.error]
+    if failed:
+        raise SparkstackError(f"stage failed on {', '.join(f'rank {r.rank}' for r in failed)}: see above; "
+                              "fix the cause and re-run `sparkstack stage`: what is in place is kept")
+
+
+def _staged_text(r) -> str:
+    if not r.missing:
+        return "complete, nothing to copy"
+    rate = f", {r.copied / 1e6 / r.seconds:.1f} MB/s" if r.seconds and r.copied else ""
+    state = "FAILED" if r.error else "staged"
+    return f"{state}: {r.files} files, {r.copied / 1e6:,.1f} of {r.missing / 1e6:,.1f} MB in {r.seconds:.1f} s{rate}"
 
 
 _STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", Status.FAIL: "[bold red]FAIL[/]"}
@@ -863,7 +944,7 @@ _STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", 
 def _print_check(check_mod, report, verbose: bool) -> None:
     table = make_table("check", *(f"{r.rank} {r.host}" for r in report.ranks))
     cells = {(r.rank, c.name): c.status for r in report.ranks for c in r.checks}
-    for name in (*check_mod.ORDER, *check_mod.OPTIONAL):
+    for name in check_mod.SHOWN:
         if any((r.rank, name) in cells for r in report.ranks):
             table.add_row(name, *(_STATUS_STYLE.get(cells.get((r.rank, name)), "[dim]-[/]")
                                   for r in report.ranks))

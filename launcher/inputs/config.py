@@ -130,6 +130,20 @@ class ModelSettings(Strict):
     path: MountPath
     served_name: str | None = None  # default: the profile's
     nfs: NfsExport | None = None
+    # a copy on each rank's own disk (`sparkstack stage` makes it): the engine reads it instead
+    local_path: MountPath | None = None
+
+    @model_validator(mode="after")
+    def _local_not_the_source(self) -> "ModelSettings":
+        if self.local_path is not None and self.local_path.rstrip("/") == self.path.rstrip("/"):
+            raise ValueError("local_path is model.path: name another directory on each rank's own "
+                             "disk for `sparkstack stage` to copy the checkpoint to, or leave local_path out")
+        return self
+
+    @property
+    def serving_path(self) -> str:
+        """The directory the engine reads: the staged copy when there is one, else model.path."""
+        return self.local_path or self.path
 
 
 class ImageSettings(Strict):

@@ -468,7 +468,7 @@ def _docker_run(loaded: Loaded, r: int, image: str, image_id: str | None = None)
     RDMA devices, NCCL-sized ulimits, first in line for the OOM killers (OOM_SCORE_ADJ), the
     checkpoint read-only at the same path, the image's compile caches (caches.py); its
     environment on stdin (env_file)."""
-    model = loaded.cluster.model.path
+    model = loaded.cluster.model.serving_path  # the staged copy when model.local_path is set
     argv = ["docker", "run", "-d", "--name", CONTAINER_NAME, *host_settings(loaded.cluster.container),
             "--oom-score-adj", str(OOM_SCORE_ADJ)]
     argv += ["-v", f"{model}:{model}:ro", *nccl_mounts(loaded.cluster),
@@ -499,7 +499,7 @@ def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: 
                 managed.append(F("--headless"))
         args = vllm_flags.render(vllm_flags.merge(flags, managed))
     return engine.command(profile.engine, cluster.multinode, rank=r, n_ranks=len(cluster.ranks),
-                          model=cluster.model.path, args=args, host_ip=host_ip, head=master)
+                          model=cluster.model.serving_path, args=args, host_ip=host_ip, head=master)
 
 
 def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int, master: str) -> list[str]:

@@ -49,17 +49,20 @@ def open_group(loaded: Loaded, *, trust_new: bool = False, attempts: int = 1,
                              say=say or (lambda line: None))
 
 
-def probe_args(loaded: Loaded, rank_index: int) -> dict:
-    """What the probe reads on this rank: its sysfs, the checkpoint, every managed sysctl."""
+def probe_args(loaded: Loaded, rank_index: int, model_dir: str | None = None) -> dict:
+    """What the probe reads on this rank: its sysfs, the checkpoint the engine reads (the staged
+    copy when model.local_path is set; `model_dir` another), every managed sysctl."""
     cluster = loaded.cluster
     sysctls = tuple(node_settings.sysctls(cluster)) + EXTRA_SYSCTLS
-    return facts_mod.probe_args(cluster.ranks[rank_index].sysfs_root, cluster.model.path, sysctls=sysctls,
+    return facts_mod.probe_args(cluster.ranks[rank_index].sysfs_root, model_dir or cluster.model.serving_path,
+                                sysctls=sysctls,
                                 nccl_lib=cluster.nccl.host_lib)
 
 
-def probe_rank(conn: Connection, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S) -> RankFacts:
+def probe_rank(conn: Connection, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S,
+               model_dir: str | None = None) -> RankFacts:
     t = conn.target
-    command, stdin = facts_mod.invocation(probe_args(loaded, t.rank))
+    command, stdin = facts_mod.invocation(probe_args(loaded, t.rank, model_dir))
     sent = time.time()
     result = conn.run(command, stdin=stdin, timeout=timeout)
     received = time.time()
@@ -86,11 +89,13 @@ def _why(result) -> str:
     return f"{result.target.name}: the probe {result.why()}"
 
 
-def gather(group: Group, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S) -> dict[int, RankFacts]:
+def gather(group: Group, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S,
+           model_dir: str | None = None) -> dict[int, RankFacts]:
     """Every rank's facts, probed in parallel: {rank index: RankFacts}; a rank whose probe
-    raised has none, and the error, like a rank that did not answer."""
+    raised has none, and the error, like a rank that did not answer. `model_dir`: the
+    checkpoint to read instead of the one the engine reads (`manifest` hashes model.path)."""
     return {o.rank: o.value if o.ok else failed(o)
-            for o in group.gather(lambda c: probe_rank(c, loaded, timeout))}
+            for o in group.gather(lambda c: probe_rank(c, loaded, timeout, model_dir))}
 
 
 def failed(outcome: RankOutcome) -> RankFacts:
