@@ -10,8 +10,9 @@ and waits until the API answers a completion), on the sandbox's four ranks:
   (SANDBOX_VLLM_COMPILE_S) after reading every shard over the sandbox's NFS link (its speed:
   --nfs-mbps, in the ranks' sysfs fixtures, launcher/sandbox/nfs_link.py);
 - NFS path, warm compile cache: the same after a plain `down` (the compile caches kept);
-- staged local path: NOT MEASURED here -- it needs `sparkstack stage` and `model.local_path`,
-  which this branch does not have (see STAGED below: the column to wire).
+- staged local path, cold and warm: `sparkstack stage` copies the checkpoint to each rank's own
+  disk (model.local_path, STAGED_PATH; the copy's time printed apart), then the same two `up`s:
+  the stand-in reads a checkpoint off the NFS path unthrottled, as a local NVMe read would be.
 
 Beside each: the engine's own "Loading weights took" (rank 0) and `check`'s cold-load estimate.
 Then scripts/load_estimate.py's rows for the seeds' 258 and 308 GB (10G vs 200G vs local NVMe).
@@ -42,10 +43,7 @@ from launcher.sandbox import cluster, nfs_link  # noqa: E402
 import load_estimate  # noqa: E402
 
 SPARKSTACK = str(Path(sys.executable).parent / "sparkstack")
-# TODO(issue 15, staging): once `sparkstack stage` and `model.local_path` exist, measure this
-# column as the NFS ones are: `stage` once, set model.local_path in the config, then the same
-# cold/warm `up`s. Until then it prints this note instead of a figure.
-STAGED = "staged: needs sparkstack stage"
+STAGED_PATH = "/home/spark/staged/bench-boot"  # on each rank's own disk (its container's)
 
 
 def run(*args: str, check: bool = True) -> tuple[float, str]:
@@ -76,6 +74,12 @@ def weights_s(rank0: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def write_config(data: dict) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(data, f)
+    return f.name
+
+
 def boot(purge: bool, repeat: int, rank0: str) -> tuple[float, float | None]:
     walls, loads = [], []
     for _ in range(repeat):
@@ -98,9 +102,10 @@ def main() -> None:
     state = Path(status["config"]).parent  # the sandbox's state dir holds its cluster.yaml
     data = yaml.safe_load(open(status["config"]))
     data.setdefault("overrides", {}).setdefault("env", {})["SANDBOX_VLLM_COMPILE_S"] = str(a.compile_s)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(data, f)
-    os.environ["SPARKSTACK_CONFIG"] = f.name
+    nfs_config = write_config(data)
+    data["model"]["local_path"] = STAGED_PATH
+    staged_config = write_config(data)
+    os.environ["SPARKSTACK_CONFIG"] = nfs_config
     ranks_dir = cluster.paths(state)["ranks"]
     size = sum(p.stat().st_size for p in cluster.paths(state)["model"].glob("*.safetensors"))
     rank0 = cluster.container_name(cluster.rank_names(len(data["ranks"]))[0])
@@ -109,21 +114,32 @@ def main() -> None:
         est = estimate_s()
         cold = boot(True, a.repeat, rank0)
         warm = boot(False, a.repeat, rank0)
+        run("down")
+        os.environ["SPARKSTACK_CONFIG"] = staged_config
+        stage_s = run("stage", "--from", "nfs")[0]
+        staged_est = estimate_s()
+        staged_cold = boot(True, a.repeat, rank0)
+        staged_warm = boot(False, a.repeat, rank0)
     finally:
         run("down", check=False)
+        for name in cluster.rank_names(len(data["ranks"])):
+            subprocess.run(["docker", "exec", cluster.container_name(name), "rm", "-rf", STAGED_PATH])
         nfs_link.set_speed(state, ranks_dir, None)
-        os.unlink(f.name)
+        os.unlink(nfs_config)
+        os.unlink(staged_config)
     print(f"boot to API-ready on the sandbox ({len(data['ranks'])} ranks, {size / 1e6:.1f} MB checkpoint read "
           f"whole by each over a {a.nfs_mbps} Mb/s NFS link shared by all; compile {a.compile_s:g} s "
           f"on an empty cache; median of {a.repeat}; a shared 2-core host: noisy):")
-    head = ("", "NFS path, cold compile cache", "NFS path, warm compile cache", "staged local path")
-    rows = [("`up` wall (s)", f"{cold[0]:.1f}", f"{warm[0]:.1f}", STAGED),
-            ("engine's weight load (s)", f"{cold[1]:.1f}" if cold[1] else "?",
-             f"{warm[1]:.1f}" if warm[1] else "?", STAGED),
-            ("check's cold-load estimate (s)", f"{est:.1f}" if est else "?", f"{est:.1f}" if est else "?", STAGED)]
-    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(4)]
+    head = ("", "NFS, cold cache", "NFS, warm cache", "staged, cold cache", "staged, warm cache")
+    runs = (cold, warm, staged_cold, staged_warm)
+    ests = (est, est, staged_est, staged_est)
+    rows = [("`up` wall (s)", *(f"{r[0]:.1f}" for r in runs)),
+            ("engine's weight load (s)", *(f"{r[1]:.2f}" if r[1] is not None else "?" for r in runs)),
+            ("check's cold-load estimate (s)", *(f"{e:.1f}" if e is not None else "?" for e in ests))]
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
     for r in (head, *rows):
         print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    print(f"  (`stage --from nfs` beforehand, once: {stage_s:.1f} s)")
     print("\nreal Sparks, the seeds' checkpoints (scripts/load_estimate.py):")
     print("\n".join(load_estimate.lines(load_estimate.SEEDS_GB)))
 
