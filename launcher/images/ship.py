@@ -206,7 +206,7 @@ def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], load
     finally:
         for _, _, _, feed in streams:
             if feed is not None:
-                feed.dropped = True  # a load that never started or stopped early holds up no one
+                feed.drop()  # a load that never started or stopped early holds up no one
         rank.seconds = round(time.monotonic() - started, 3)
 
 
