@@ -270,6 +270,31 @@ def test_sshd_killed_mid_ship(sandbox, client, big):
         reship_completes(sandbox, group, client, ref, 1, layer)
 
 
+def test_sshd_killed_mid_ship_of_an_image_no_rank_has(sandbox, client, tmp_path, monkeypatch):
+    """The ranks read one save as it streams (spool.Tee): the victim's end frees nothing the
+    others need; they finish, it fails alone, untagged, and a re-ship moves only its image."""
+    monkeypatch.setattr(spool, "SPOOL", tmp_path / "spool")
+    ref = build_scratch(client, f"scratchbig{uuid.uuid4().hex[:4]}", 24_000_000)
+    layer = client.images.get(ref).history()[0]["Size"] or client.images.get(ref).history()[1]["Size"]
+    undo = throttle(client, "sparkstack-spark2")
+    try:
+        with group_of(sandbox) as group:
+            by_rank = ship_with_fault(group, client, ref, "sparkstack-spark2",
+                                      lambda c: c.exec_run(["pkill", "-f", "sshd: spark"]))
+        undo()
+        assert [by_rank[i].status for i in (0, 2, 3)] == ["shipped"] * 3, [r.error for r in by_rank.values()]
+        assert by_rank[1].status == "failed" and by_rank[1].error.startswith("rank 1 (spark2): connection lost")
+        assert rank_image_id(sandbox, "spark2", ref) is None
+        assert leftover_tags(sandbox, "spark2") == []
+        with group_of(sandbox) as group:
+            reship_completes(sandbox, group, client, ref, 1, layer)
+    finally:
+        undo()
+        client.images.remove(ref, force=True)
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
+
+
 def test_network_cut_mid_ship(sandbox, client, big):
     """The rank vanishes from the network (no FIN, no RST): declared lost after dead_after_s."""
     ref, layer = big
