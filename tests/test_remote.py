@@ -259,3 +259,24 @@ def test_a_connection_dropped_between_commands_reconnects(sandbox):
             time.sleep(0.1)
         again = conn.run("echo back")
         assert again.ok and again.stdout.strip() == "back", again.error
+
+
+def test_the_connection_negotiates_aes_gcm(group):
+    """AES-GCM with the rank's sshd: one AEAD pass a packet instead of AES-CTR plus HMAC-SHA256,
+    about a quarter less CPU per byte on both ends (measured, launcher/transport/remote.py)."""
+    group.run("true")
+    for conn in group.connections:
+        transport = conn.client.get_transport()
+        assert (transport.local_cipher, transport.remote_cipher) == ("aes128-gcm@openssh.com",) * 2
+
+
+def test_gcm_comes_first_and_paramikos_other_ciphers_stay():
+    """A server without GCM (OpenSSH < 6.2) still finds a cipher it knows."""
+    import socket
+
+    here, _there = socket.socketpair()
+    transport = remote._transport(here)
+    ciphers = transport.get_security_options().ciphers
+    assert ciphers[:2] == remote.PREFERRED_CIPHERS
+    assert set(ciphers) == set(paramiko.Transport._preferred_ciphers)
+    transport.close()

@@ -2,9 +2,11 @@
 
 import io
 import json
+import os
 import shlex
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 import uuid
@@ -14,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.inputs import config
-from launcher.images import relay, ship
+from launcher.images import relay, ship, spool
 from launcher.cli.commands import main
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -102,6 +104,42 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
         assert r.status == "shipped"
         # random bytes do not compress: the layer itself crossed, and little else
         assert 0.95 * layer <= r.bytes <= 1.1 * layer, f"rank {r.rank} moved {r.bytes} B for a {layer} B layer"
+
+
+def build_scratch(client, name: str, payload_bytes: int) -> str:
+    """An image FROM scratch (one layer of random bytes): no rank has any of it."""
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for member, data in (("payload", os.urandom(payload_bytes)),
+                             ("Dockerfile", f"FROM scratch\nCOPY payload /payload\n"
+                                            f"LABEL org.sparkstack.test={RUN_ID}\n".encode())):
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    ref = f"sparkstack-test/ship:{name}-{RUN_ID}"
+    client.images.build(fileobj=context, custom_context=True, tag=ref, rm=True)
+    return ref
+
+
+def test_an_image_no_rank_has_goes_to_every_rank_from_one_save(sandbox, group, client, tmp_path, monkeypatch):
+    """Every rank lacks every layer: the one save streams to all four (each reading this host's
+    tee at its own pace), nothing is kept here, and each rank gets exactly the save's bytes."""
+    monkeypatch.setattr(spool, "SPOOL", tmp_path / "spool")
+    ref = build_scratch(client, "scratch", 3_000_000)
+    try:
+        plan = ship_refs(group, client, [ref])
+        assert [r.status for r in plan.ranks] == ["shipped"] * 4, [r.error for r in plan.ranks]
+        save = sum(len(chunk) for chunk in client.images.get(ref).save())
+        assert [r.bytes for r in plan.ranks] == [save] * 4
+        want = client.images.get(ref).id
+        assert all(rank_image_id(sandbox, n, ref) == want for n in sandbox.names)
+        assert all(leftover_tags(sandbox, n) == [] for n in sandbox.names)
+        assert [p.name for p in (tmp_path / "spool").iterdir()] == []  # nothing kept, no tee left
+    finally:
+        client.images.remove(ref, force=True)
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
 
 
 def test_a_rank_without_docker_fails_alone_and_reship_completes(sandbox, group, client, images):
@@ -230,6 +268,31 @@ def test_sshd_killed_mid_ship(sandbox, client, big):
     assert leftover_tags(sandbox, "spark2") == []
     with group_of(sandbox) as group:
         reship_completes(sandbox, group, client, ref, 1, layer)
+
+
+def test_sshd_killed_mid_ship_of_an_image_no_rank_has(sandbox, client, tmp_path, monkeypatch):
+    """The ranks read one save as it streams (spool.Tee): the victim's end frees nothing the
+    others need; they finish, it fails alone, untagged, and a re-ship moves only its image."""
+    monkeypatch.setattr(spool, "SPOOL", tmp_path / "spool")
+    ref = build_scratch(client, f"scratchbig{uuid.uuid4().hex[:4]}", 24_000_000)
+    layer = client.images.get(ref).history()[0]["Size"] or client.images.get(ref).history()[1]["Size"]
+    undo = throttle(client, "sparkstack-spark2")
+    try:
+        with group_of(sandbox) as group:
+            by_rank = ship_with_fault(group, client, ref, "sparkstack-spark2",
+                                      lambda c: c.exec_run(["pkill", "-f", "sshd: spark"]))
+        undo()
+        assert [by_rank[i].status for i in (0, 2, 3)] == ["shipped"] * 3, [r.error for r in by_rank.values()]
+        assert by_rank[1].status == "failed" and by_rank[1].error.startswith("rank 1 (spark2): connection lost")
+        assert rank_image_id(sandbox, "spark2", ref) is None
+        assert leftover_tags(sandbox, "spark2") == []
+        with group_of(sandbox) as group:
+            reship_completes(sandbox, group, client, ref, 1, layer)
+    finally:
+        undo()
+        client.images.remove(ref, force=True)
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
 
 
 def test_network_cut_mid_ship(sandbox, client, big):

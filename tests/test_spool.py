@@ -8,6 +8,7 @@ import io
 import json
 import os
 import tarfile
+import threading
 
 import pytest
 
@@ -146,18 +147,48 @@ def test_progress_says_moved_of_missing_rate_and_eta_at_most_every_2_s(monkeypat
                      "rank 1 (spark2): 50.0 of 100.0 MB, 11.1 MB/s, ETA 4 s"]
 
 
-def test_a_feed_hands_on_the_save_verbatim_and_a_dropped_one_holds_up_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(spool, "FEED_CHUNKS", 2)
+def test_a_feed_hands_on_the_save_verbatim_and_a_dropped_one_holds_up_nothing(tmp_path):
     save = legacy_save()
     spooling = spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=2)
     reader, quitter = spooling.take_feed(), spooling.take_feed()
     assert spooling.take_feed() is None
     next(iter(quitter))
-    quitter.dropped = True  # its rank failed: the save goes on for the other
+    quitter.drop()  # its rank failed: the save goes on for the other
     assert b"".join(reader) == save
     assert spooling.finished() == CONFIG and spooling.save_bytes == len(save)
+    assert reader.tee.closed  # the save and every reader ended: the file's space is freed
     # spooled: no save runs, so no feed; a rank lacking everything gets load_tar(…, 0)
     assert spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=1).take_feed() is None
+
+
+def test_a_slow_feed_holds_up_neither_the_save_nor_the_others(tmp_path):
+    """One rank's load lags (its dockerd busy): the save and the other rank's feed run to their
+    end while it has read nothing yet; it then gets the whole save, verbatim."""
+    save = legacy_save()  # ~100 chunks of 777 bytes
+    spooling = spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=2)
+    fast, slow = spooling.take_feed(), spooling.take_feed()
+    got = []
+    reading = threading.Thread(target=lambda: got.append(b"".join(fast)), daemon=True)
+    reading.start()
+    reading.join(timeout=10)
+    assert got == [save], "the fast feed waited for the slow one"
+    assert spooling.finished() == CONFIG
+    assert not slow.tee.closed and b"".join(slow) == save
+    assert slow.tee.closed
+
+
+def test_a_failed_save_fails_every_feed_after_what_passed(tmp_path):
+    class Failing(Engine):
+        def get_image(self, image_id, chunk_size=None):
+            yield self.save[:1000]
+            raise OSError("the engine went away")
+
+    spooling = spool.start(Failing(legacy_save()), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=1, keep=False)
+    feed, got = spooling.take_feed(), bytearray()
+    with pytest.raises(spool.SpoolError, match="`docker save` of image .* failed: OSError: the engine went away"):
+        for chunk in feed:
+            got += chunk
+    assert bytes(got) == legacy_save()[:1000]
 
 
 def test_when_every_rank_lacks_every_layer_the_save_only_passes_through(tmp_path):
@@ -165,4 +196,4 @@ def test_when_every_rank_lacks_every_layer_the_save_only_passes_through(tmp_path
     spooling = spool.start(Engine(save), IMAGE_ID, DIFF_IDS, root=tmp_path, feeds=1, keep=False)
     assert b"".join(spooling.take_feed()) == save
     spooling.finished()
-    assert not (tmp_path / "layers").exists()  # nothing hashed or written here
+    assert not (tmp_path / "layers").exists()  # nothing hashed or kept here

@@ -43,7 +43,13 @@ DEAD_AFTER_S = 30  # a rank that acknowledges nothing for this long is lost (cab
 # KILL this long after.
 RANK_GRACE_S = 5
 KILL_AFTER_S = 5
-KILL_TIMEOUT_S = 10  # for the `pkill` that stops a command we gave up on
+KILL_TIMEOUT_S = 10
+# AES-GCM first: one AEAD pass per packet instead of AES-CTR plus a separate HMAC-SHA256, on both
+# ends (paramiko here, sshd on the rank). Measured on the sandbox: raw `cat > /dev/null` of 201 MB
+# took 0.75 s with paramiko's default aes128-ctr + hmac-sha2-256 and 0.56 s with aes128-gcm, and
+# the CPU per 100 MB fell from 0.21 to 0.15 s here and from 0.27 to 0.17 s on the rank. A server
+# without GCM (OpenSSH < 6.2) still negotiates the rest of paramiko's list.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")  # for the `pkill` that stops a command we gave up on
 CANCEL_WAIT_S = 15  # an interrupted Group waits this long for its cancelled commands, no longer
 T = TypeVar("T")
 _cancel = threading.local()  # .event: the Group.gather cancel event of the thread running a command
@@ -230,7 +236,8 @@ class Connection:
         pkey = _load_key(t.key) if t.key else None
         client.connect(t.address, port=t.port, username=t.user, pkey=pkey,
                        timeout=self.timeout, banner_timeout=self.timeout, auth_timeout=self.timeout,
-                       sock=self._jump_channel(), allow_agent=pkey is None, look_for_keys=pkey is None)
+                       sock=self._jump_channel(), allow_agent=pkey is None, look_for_keys=pkey is None,
+                       transport_factory=_transport)
         self._detect_dead_peer(client.get_transport())
         return client
 
@@ -439,6 +446,14 @@ class Connection:
             self._exec(command, stdin, KILL_TIMEOUT_S)
         except (paramiko.SSHException, OSError, EOFError, TimedOut):
             pass
+
+
+def _transport(sock, **kw) -> paramiko.Transport:
+    """paramiko's transport, with PREFERRED_CIPHERS ahead of its own order."""
+    transport = paramiko.Transport(sock, **kw)
+    options = transport.get_security_options()
+    options.ciphers = PREFERRED_CIPHERS + tuple(c for c in options.ciphers if c not in PREFERRED_CIPHERS)
+    return transport
 
 
 class TimedOut(Exception):
