@@ -295,6 +295,19 @@ def test_sshd_killed_mid_ship_of_an_image_no_rank_has(sandbox, client, tmp_path,
             sandbox.run(name, f"docker rmi -f {ref} >/dev/null 2>&1; true")
 
 
+def reconnect(client, net, victim: str, address: str) -> None:
+    """Back on the sandbox network as `sandbox up` left it: Docker names the new endpoint eth1, eth2..,
+    and the rank's sysfs fixture (the NFS link's speed, nfs_link.IFACE) knows eth0: later tests read
+    the checkpoint's route through it."""
+    net.connect(victim, ipv4_address=address)
+    gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
+    rename = (f'dev=$(ip -o -4 addr show to {address}/32 | cut -d" " -f2); [ "$dev" = eth0 ] || '
+              f'{{ ip link set "$dev" down && ip link set "$dev" name eth0 && ip link set eth0 up && '
+              f'ip route replace default via {gateway} dev eth0; }}')
+    result = client.containers.get(victim).exec_run(["sh", "-c", rename])
+    assert result.exit_code == 0, result.output
+
+
 def test_network_cut_mid_ship(sandbox, client, big):
     """The rank vanishes from the network (no FIN, no RST): declared lost after dead_after_s."""
     ref, layer = big
@@ -308,7 +321,7 @@ def test_network_cut_mid_ship(sandbox, client, big):
         took = time.monotonic() - started
     finally:
         undo()
-        net.connect(victim, ipv4_address=address)
+        reconnect(client, net, victim, address)
     assert [by_rank[i].status for i in (0, 1, 3)] == ["shipped"] * 3
     assert by_rank[2].status == "failed" and by_rank[2].error.startswith("rank 2 (spark3): connection lost")
     assert took < 60, f"the cut took {took:.0f} s to notice"

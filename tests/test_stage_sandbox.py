@@ -11,6 +11,8 @@ import time
 import pytest
 import yaml
 
+from launcher.sandbox import cluster, nfs_link
+
 from serving import cli, engine_record, mgmt_if
 
 LOCAL = "/home/spark/staged/glm53"
@@ -107,7 +109,7 @@ def partial_bytes(sandbox, name) -> int:
 def test_an_interrupted_stage_resumes_and_moves_only_the_rest(sandbox, cfg):
     total = checkpoint_bytes(sandbox)
     command = [sys.executable, "-c", "from launcher.cli.commands import main; main()",
-               "stage", "-c", cfg, "--bwlimit", "0.5"]  # the 4.5 MB first shard takes 9 s: a wide window
+               "stage", "-c", cfg, "--from", "nfs", "--bwlimit", "0.5"]  # the 4.5 MB first shard takes 9 s: a wide window
     p = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while partial_bytes(sandbox, sandbox.names[3]) < 2_500_000:  # 5 s: past a progress line (2 s)
@@ -185,9 +187,16 @@ def fabric_rx(sandbox, name) -> int:
 
 def test_peers_copy_over_the_fabric_and_auto_takes_the_faster(sandbox, cfg):
     total = checkpoint_bytes(sandbox)
-    auto = stage(cfg, "--dry-run")["plan"]
-    # the sandbox's model.path is a local bind mount (3 GB/s a rank, not shared): nfs is faster
-    assert auto["via"] == "nfs" and auto["estimates"]["nfs"] < auto["estimates"]["peer"], auto
+    ranks_dir = cluster.paths(sandbox.state_dir)["ranks"]
+    try:  # the sandbox's NFS link (nfs_link): a server port far faster than the cables, then slower
+        nfs_link.set_speed(sandbox.state_dir, ranks_dir, 10_000_000)
+        auto = stage(cfg, "--dry-run")["plan"]
+        assert auto["via"] == "nfs" and auto["estimates"]["nfs"] < auto["estimates"]["peer"], auto
+        nfs_link.set_speed(sandbox.state_dir, ranks_dir, 10_000)
+        auto = stage(cfg, "--dry-run")["plan"]
+        assert auto["via"] == "peer" and auto["estimates"]["peer"] < auto["estimates"]["nfs"], auto
+    finally:
+        nfs_link.set_speed(sandbox.state_dir, ranks_dir, None)
     planned = stage(cfg, "--dry-run", "--from", "peer")["plan"]
     routes = [(r["peer"], r["phase"]) for r in planned["ranks"]]
     assert routes[0] == (None, 0) and routes[1] == (0, 1) and routes[3] == (0, 1) and routes[2][1] == 2, routes
