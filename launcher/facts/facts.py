@@ -952,7 +952,9 @@ def parse_facts(raw: dict, sent: float | None = None, received: float | None = N
 
     meminfo = raw.get("meminfo")
     docker_root = raw.get("disk_docker_root", "/var/lib/docker")
-    model_mounts = attempt("findmnt (model dir)", "mounts", parse_mounts, cmds.get("findmnt_model"), default=())
+    fixture = cmds.get("findmnt_model_fixture")
+    model_mounts = attempt("findmnt (model dir)", "mounts", parse_mounts,
+                           fixture if fixture and fixture.get("rc") == 0 else cmds.get("findmnt_model"), default=())
     return Facts(
         hostname=_part("hostname", "hostname", raw.get, "hostname", ""),
         kernel=_part("kernel", "kernel", raw.get, "kernel", ""),

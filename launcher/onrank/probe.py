@@ -16,9 +16,10 @@ Arguments (all optional; a bare path instead of JSON is taken as `sysfs_root`):
                  root that holds `class/` ("/" is read as "/sys").
   ip_addr_file   `ip -j addr` output in a file, overlaid on the real command's output (the
                  sandbox's fabric netdevs exist only as fixtures).
-  mount_table    a mountinfo file `findmnt -F` reads for the model dir's mount, when it exists
-                 (the sandbox's checkpoint is a bind mount standing in for NFS: its fixture
-                 names the file server, as the real mount's `addr=` does).
+  mount_table    a mountinfo file `findmnt -F` reads for a mount at the model dir itself, when
+                 it exists and names one (the sandbox's checkpoint is a bind mount standing in
+                 for NFS: its fixture names the file server, as the real mount's `addr=` does);
+                 any other model dir is looked up in the real mount table.
   model_dir      the checkpoint directory to fingerprint (in a child process: a dead NFS
                  server hangs its reader, and the probe reports it instead of hanging too).
   sysctls        names to read besides DEFAULT_SYSCTLS.
@@ -433,8 +434,10 @@ def probe(args):
     }
     if model_dir:
         table = args.get("mount_table")
-        fixture = ["-F", table] if table and os.path.isfile(table) else []
-        commands["findmnt_model"] = ["findmnt", *fixture, "-J", "-T", model_dir, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"]
+        columns = ["-J", "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"]
+        commands["findmnt_model"] = ["findmnt", "-T", model_dir, *columns]
+        if table and os.path.isfile(table):  # a fixture names a mount at model_dir itself, else the real one
+            commands["findmnt_model_fixture"] = ["findmnt", "-F", table, "-M", model_dir, *columns]
     sock = docker_socket()
     if sock is None:
         commands.update(DOCKER_CLI)

@@ -415,7 +415,10 @@ def _verdict(problems: dict[int, list[str]], rank: int) -> str | None:
     flat = [(r, p) for r in sorted(problems) for p in problems[r]]
     if not flat:
         return None
-    first = next(((r, p) for r, p in flat if r == rank), flat[0])
+    # NCCL's bootstrap ring forms only once the root has heard from every rank: while a rank cannot
+    # reach the root, no rank gets as far as its ring or data connections, so that failure is the one
+    rooted = [(r, p) for r, p in flat if p.startswith("NCCL WARN Bootstrap") and "-> rank 0)" in p]
+    first = next(((r, p) for r, p in rooted or flat if r == rank), (rooted or flat)[0])
     more = f"\n({len(flat) - 1} more problem(s) on ranks {sorted({r for r, _ in flat})})" \
         if len(flat) > 1 else ""
     return ("torch.distributed.DistBackendError: NCCL error: unhandled system error "
