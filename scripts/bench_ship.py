@@ -295,18 +295,16 @@ def main() -> None:
         refs.append(v2)
         group.run("true")  # connect first: no method pays for the handshakes
 
-        print(f"\n(a) first ship of a fresh image (stage {args.stage_mib} MiB + top {args.top_mib} MiB "
-              "over the sandbox base, which the ranks have), one rank, then four")
-        for round_ in range(1, args.rounds + 1):
-            rows = {n: first_ship_round(group, client, base, n, args, refs, round_) for n in (1, 4)}
-            print(f"    round {round_}:")
-            show_first(rows)
-        print(f"\n(a2) first ship of an image FROM scratch ({args.stage_mib} MiB + {args.top_mib} MiB layers): "
-              "no rank has any of it, so naive and ship move the same bytes")
-        for round_ in range(1, args.rounds + 1):
-            rows = {n: first_ship_round(group, client, None, n, args, refs, round_) for n in (1, 4)}
-            print(f"    round {round_}:")
-            show_first(rows)
+        cases = ((base, f"(a) first ship of a fresh image (stage {args.stage_mib} MiB + top {args.top_mib} MiB "
+                        "over the sandbox base, which the ranks have), one rank, then four"),
+                 (None, f"(a2) first ship of an image FROM scratch ({args.stage_mib} MiB + {args.top_mib} MiB "
+                        "layers): no rank has any of it, so naive and ship move the same bytes"))
+        for case_base, title in cases:
+            print(f"\n{title}")
+            for round_ in range(1, args.rounds + 1):
+                rows = {n: first_ship_round(group, client, case_base, n, args, refs, round_) for n in (1, 4)}
+                print(f"    round {round_}:")
+                show_first(rows)
         if args.first_only:
             return
         v1 = build(client, stage, "v1", args.top_mib, "v1")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from ..facts import load_path
 from ..plan.plan import CONTAINER_NAME
+from ..transport import gather
 
 INTERVAL_S = 10.0
 # every process of the serving container; `sh` and `cat` themselves read next to nothing
@@ -43,12 +43,8 @@ def read_so_far(group) -> dict[int, int | None]:
 def estimates(loaded, group) -> dict[int, load_path.LoadPath]:
     """Each rank's read path and cold-load estimate, from a fresh probe (for `wait`, which has no
     plan at hand); the ranks whose probe failed are left out."""
-    from ..transport import gather
-
-    with ThreadPoolExecutor(max(1, len(group.connections))) as pool:
-        found = list(pool.map(lambda c: gather.probe_rank(c, loaded), group.connections))
     nfs = loaded.cluster.model.nfs
-    return load_path.for_ranks({f.rank: f.facts for f in found if f.facts}, nfs.server if nfs else None)
+    return load_path.for_ranks(gather.facts_of(gather.gather(group, loaded)), nfs.server if nfs else None)
 
 
 def describe(read: dict[int, int | None], paths: dict[int, load_path.LoadPath], elapsed: float) -> str:
