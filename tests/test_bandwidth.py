@@ -25,7 +25,8 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import sandbox_rank_facts
-from launcher.check import bandwidth, check, plan_inputs
+from launcher.check import bandwidth, check
+from planned import build_plan
 from launcher.inputs import config
 from launcher.facts import facts
 from launcher.status import Status
@@ -241,7 +242,7 @@ def test_command_env_is_the_plans_serving_env(ring):
     from launcher.plan import caches
 
     envs, _ = bandwidth.rank_envs(ring.loaded, ring.facts)
-    served = plan_inputs.build_plan(ring.loaded, ring.facts)
+    served = build_plan(ring.loaded, ring.facts)
     for r, rank_plan in enumerate(served.ranks):
         assert set(caches.ENV) <= set(rank_plan.env)
         want = {k: v for k, v in rank_plan.env.items() if k != "VLLM_API_KEY" and k not in caches.ENV}

@@ -27,12 +27,16 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
-from launcher.check import check, plan_inputs
+from launcher.check import check
+from planned import build_plan
 from launcher.sandbox import fabric_fixture as sfabric
 from launcher.inputs import config
 from launcher.facts import facts
-from launcher.transport import gather
+from launcher.gather import extras, here, probe as gather
+from launcher.gather.value import Gathered
+from launcher.inputs import apikey
 from launcher.cli.commands import main
+from launcher.apply import deploy
 from launcher.facts.facts import (CdiSpec, Checkpoint, Clock, Docker, DockerUlimits, Driver, Gid, Gpu, GpuClocks, Image,
                                   Limit, Memory, Mount, NcclLib, Ulimits)
 
@@ -108,13 +112,13 @@ def healthy(f: facts.Facts, r: int, **changes) -> facts.Facts:
     return dataclasses.replace(f, **base)
 
 
-def inputs(loaded, fabric_facts, overrides=None, **kw) -> check.Inputs:
+def inputs(loaded, fabric_facts, overrides=None, **kw) -> Gathered:
     per_rank = {r: healthy(f, r, **(overrides or {}).get(r, {})) for r, f in fabric_facts.items()}
-    gathered = {r: gather.RankFacts(r, f"spark{r + 1}", f, None, 0.3) for r, f in per_rank.items()}
-    inp = check.Inputs(loaded, gathered, plan_inputs.memory_need(loaded), image=IMAGE, **kw)
-    inp.targets = check.ping_targets(loaded, inp.facts)
-    inp.extras = {r: check.Extras({(t.ip, df): check.PingAnswer(True, "1 received")
-                                   for t in ts for df in (False, True)}, dockerd_can_raise=True)
+    ranks = {r: gather.RankFacts(r, f"spark{r + 1}", f, None, 0.3) for r, f in per_rank.items()}
+    inp = Gathered(loaded, ranks, here.read_model(loaded), IMAGE, apikey.resolve(loaded), **kw)
+    inp.targets = extras.ping_targets(loaded, inp.facts)
+    inp.extras = {r: extras.Extras({(t.ip, df): extras.PingAnswer(True, "1 received")
+                                    for t in ts for df in (False, True)}, dockerd_can_raise=True)
                   for r, ts in inp.targets.items()}
     return inp
 
@@ -219,7 +223,7 @@ def test_vllm_guard_warns_inside_the_margin_and_follows_the_tightest_rank(tmp_pa
     report = check.evaluate(fuller)
     assert {row(report, r, "vllm guard").status for r in range(4)} == {"pass"}
     assert row(report, 0, "vllm guard").value.startswith("--gpu-memory-utilization 0.68 (planned)")
-    built = plan_inputs.build_plan(sandbox_config, fuller.facts)
+    built = build_plan(sandbox_config, fuller.facts)
     assert built.guard.utilization == 0.68 and "--gpu-memory-utilization 0.68" in " ".join(built.ranks[3].engine)
 
 
@@ -269,7 +273,7 @@ def test_fabric_rows_mtu_mismatch_and_unreachable_peers(sandbox_config, fabric_f
     inp = inputs(sandbox_config, fabric_facts, {1: {"interfaces": small}})
     link = inp.targets[0][0]
     assert link.kind == "link" and link.df_size == 8972
-    inp.extras[0] = check.Extras({(link.ip, False): check.PingAnswer(False, "100% packet loss")})
+    inp.extras[0] = extras.Extras({(link.ip, False): extras.PingAnswer(False, "100% packet loss")})
     report = check.evaluate(inp)
     assert row(report, 1, "mtu").status == "fail" and "MTU 1500, other ranks 9000" in row(report, 1, "mtu").value
     peers = row(report, 0, "peers")
@@ -281,7 +285,7 @@ def test_fabric_rows_mtu_mismatch_and_unreachable_peers(sandbox_config, fabric_f
 def test_ring_ping_targets_are_each_cable_far_end_only(sandbox_config, fabric_facts):
     """spark1 (192.168.177.1 on port 0, .14 on port 1; the twins on 192.168.178.x): its cables
     end at spark2 (.2 on both rails) and spark4 (.13); nothing beyond the neighbours is pinged."""
-    targets = check.ping_targets(sandbox_config, {r: healthy(f, r) for r, f in fabric_facts.items()})
+    targets = extras.ping_targets(sandbox_config, {r: healthy(f, r) for r, f in fabric_facts.items()})
     mine = {(t.peer, t.ip, t.kind, t.df_size) for t in targets[0]}
     assert mine == {(1, "192.168.177.2", "link", 8972), (1, "192.168.178.2", "link", 8972),
                     (3, "192.168.177.13", "link", 8972), (3, "192.168.178.13", "link", 8972)}
@@ -290,7 +294,7 @@ def test_ring_ping_targets_are_each_cable_far_end_only(sandbox_config, fabric_fa
 def test_a_down_ring_port_still_names_its_far_end(sandbox_config, fabric_facts):
     f0 = healthy(fabric_facts[0], 0)
     down = tuple(dataclasses.replace(i, operstate="down") if i.name == "enp1s0f0np0" else i for i in f0.interfaces)
-    targets = check.rank_ping_targets(sandbox_config, 0, dataclasses.replace(f0, interfaces=down))
+    targets = extras.rank_ping_targets(sandbox_config, 0, dataclasses.replace(f0, interfaces=down))
     assert "192.168.177.2" in {t.ip for t in targets}
 
 
@@ -299,7 +303,7 @@ def ring_inputs(loaded, fabric_facts, failing: dict[int, set[str]]):
     inp = inputs(loaded, fabric_facts)
     for r, ips in failing.items():
         pings = dict(inp.extras[r].pings)
-        pings.update({(ip, df): check.PingAnswer(False, "1 packets transmitted, 0 received, 100% packet loss")
+        pings.update({(ip, df): extras.PingAnswer(False, "1 packets transmitted, 0 received, 100% packet loss")
                       for ip in ips for df in (False, True)})
         inp.extras[r] = dataclasses.replace(inp.extras[r], pings=pings)
     return inp
@@ -329,7 +333,7 @@ def test_a_ring_link_down_fails_both_ends_naming_each_other(sandbox_config, fabr
 
 def test_ring_link_to_a_rank_that_did_not_answer_is_not_judged(sandbox_config, fabric_facts):
     inp = inputs(sandbox_config, fabric_facts)
-    inp.gathered[1] = gather.RankFacts(1, "spark2", None, "rank 1 (spark2): unreachable", 0.01)
+    inp.ranks[1] = gather.RankFacts(1, "spark2", None, "rank 1 (spark2): unreachable", 0.01)
     report = check.evaluate(inp)
     peers = row(report, 0, "peers")
     assert peers.status == "warn" and peers.value == ("links up: rank 3 192.168.177.13, rank 3 192.168.178.13; "
@@ -350,9 +354,9 @@ def test_ring_listed_out_of_cable_order_fails_naming_the_missing_link(sandbox_co
 
 def test_sandbox_twins_unaddressed_warn_in_the_roce_row(sandbox_config, fabric_facts):
     inp = inputs(sandbox_config, fabric_facts)
-    inp.gathered = {r: dataclasses.replace(g, facts=dataclasses.replace(g.facts, rdma=fabric_facts[r].rdma,
+    inp.ranks = {r: dataclasses.replace(g, facts=dataclasses.replace(g.facts, rdma=fabric_facts[r].rdma,
                                                                          interfaces=fabric_facts[r].interfaces))
-                    for r, g in inp.gathered.items()}
+                    for r, g in inp.ranks.items()}
     roce = row(check.evaluate(inp), 0, "roce")
     assert roce.status == "warn" and "roceP2p1s0f0 (twin of rocep1s0f0) has no IPv4 address" in roce.value
     assert roce.fix.startswith("address enP2p1s0f0np0 on a subnet of its own")
@@ -526,21 +530,21 @@ def test_gpu_clock_left_locked_after_the_setting_went_warns(sandbox_config, fabr
 
 
 def test_extras_invocation_and_parse():
-    targets = [check.PingTarget(1, "192.168.177.2", "link", 8972), check.PingTarget(2, "192.168.177.6", "fabric", None)]
-    command, stdin = check.extras_invocation(targets)
-    assert stdin == check.PINGER_SOURCE.read_bytes()
+    targets = [extras.PingTarget(1, "192.168.177.2", "link", 8972), extras.PingTarget(2, "192.168.177.6", "fabric", None)]
+    command, stdin = extras.extras_invocation(targets)
+    assert stdin == extras.PINGER_SOURCE.read_bytes()
     args = json.loads(shlex.split(command)[2])
     assert args == {"targets": [[0, "192.168.177.2", None], [1, "192.168.177.2", 8972],
                                 [2, "192.168.177.6", None]], "wait_s": 1}
-    parsed = check.parse_extras("0 0 rtt min/avg/max/mdev = 0.1/0.1/0.1/0.0 ms\n"
+    parsed = extras.parse_extras("0 0 rtt min/avg/max/mdev = 0.1/0.1/0.1/0.0 ms\n"
                                 "1 1 ping: local error: message too long, mtu=1400\n"
                                 "2 1 1 packets transmitted, 0 received, 100% packet loss, time 0ms\n"
                                 "CAPEFF 000001ffffffffff\n", targets)
     assert parsed.pings[("192.168.177.2", False)].ok and not parsed.pings[("192.168.177.2", True)].ok
     assert "message too long" in parsed.pings[("192.168.177.2", True)].detail
     assert parsed.dockerd_can_raise is True
-    assert check.parse_extras("NOPING\nCAPEFF 00000000a80425fb\n", targets) == \
-        check.Extras({}, ping_missing=True, dockerd_can_raise=False)
+    assert extras.parse_extras("NOPING\nCAPEFF 00000000a80425fb\n", targets) == \
+        extras.Extras({}, ping_missing=True, dockerd_can_raise=False)
 
 
 def test_pinger_answers_unroutable_targets_without_a_ping(tmp_path):
@@ -555,20 +559,20 @@ def test_pinger_answers_unroutable_targets_without_a_ping(tmp_path):
                     "case \"$*\" in *-M*) echo 'ping: local error: message too long, mtu=1400'; exit 1;; esac\n"
                     "echo '1 packets transmitted, 1 received, 0% packet loss, time 0ms'\n")
     fake.chmod(0o755)
-    targets = [check.PingTarget(1, "127.0.0.2", "link", 8972), check.PingTarget(2, "0.0.0.1", "fabric", None)]
-    command, _ = check.extras_invocation(targets)
+    targets = [extras.PingTarget(1, "127.0.0.2", "link", 8972), extras.PingTarget(2, "0.0.0.1", "fabric", None)]
+    command, _ = extras.extras_invocation(targets)
 
     def run(path):
         # in a network namespace of its own (only loopback, up): nothing else is routed
-        script = f"{shutil.which('ip')} link set lo up && " + local_command(command, check.PINGER_SOURCE)
+        script = f"{shutil.which('ip')} link set lo up && " + local_command(command, extras.PINGER_SOURCE)
         done = subprocess.run([shutil.which("unshare"), "-n", "/bin/sh", "-c", script],
                               capture_output=True, env={"PATH": path, **coverage_env()}, timeout=30)
         assert done.returncode == 0, done.stderr
-        return check.parse_extras(done.stdout.decode(), targets)
+        return extras.parse_extras(done.stdout.decode(), targets)
 
     got = run(str(bindir))
     assert got.pings[("127.0.0.2", False)].ok
-    assert got.pings[("127.0.0.2", True)] == check.PingAnswer(False, "ping: local error: message too long, mtu=1400")
+    assert got.pings[("127.0.0.2", True)] == extras.PingAnswer(False, "ping: local error: message too long, mtu=1400")
     unroutable = got.pings[("0.0.0.1", False)]  # no route in the namespace: connect() refuses at once
     assert not unroutable.ok and unroutable.detail.startswith("ping: connect: ")
     # one ping per routable target and size, none for the unroutable one
@@ -610,7 +614,7 @@ def test_a_model_dir_whose_reads_hang_is_an_nfs_server_not_answering(sandbox_con
 
 def test_unreachable_rank_is_one_failed_ssh_row(sandbox_config, fabric_facts):
     inp = inputs(sandbox_config, fabric_facts)
-    inp.gathered[3] = gather.RankFacts(3, "spark4", None, "rank 3 (spark4): unreachable (connection refused)", 0.01)
+    inp.ranks[3] = gather.RankFacts(3, "spark4", None, "rank 3 (spark4): unreachable (connection refused)", 0.01)
     report = check.evaluate(inp)
     assert report.ranks[3].checks == [check.Row("ssh", "fail", "rank 3 (spark4): unreachable (connection refused)",
                                                 "check the rank is up and `ssh -p 22 spark@172.31.240.14` works")]
@@ -656,7 +660,7 @@ def report_targets(loaded, r):
     """Rank r's ping targets as check computes them from its own facts."""
     got = gather.gather_config(loaded=loaded)
     found = gather.facts_of(got)
-    return check.resolve_peers(check.rank_ping_targets(loaded, r, found[r]), found)
+    return extras.resolve_peers(extras.rank_ping_targets(loaded, r, found[r]), found)
 
 
 def test_a_cut_cable_fails_both_ends(sandbox, loaded):
@@ -831,13 +835,13 @@ def test_plan_or_refuse_for_up(sandbox, loaded, squeezed):
     """`up`'s preflight: a failed row stops it with every failure named; else the live plan."""
     with gather.open_group(loaded) as group:
         with pytest.raises(check.CheckFailed) as e:
-            check.plan_or_refuse(loaded, group, image=sandbox.images["vllm"])
+            deploy.preflight(loaded, group, image=sandbox.images["vllm"])
     assert "rank 1 (spark2) memory: MemAvailable 10.0 GiB < needs" in e.value.message
     assert "-- fix: sparkstack prep" in e.value.message
 
 
 def test_plan_or_refuse_tolerates_a_missing_image_and_returns_the_live_plan(sandbox, loaded):
     with gather.open_group(loaded) as group:
-        p = check.plan_or_refuse(loaded, group, image="sparkstack-test/check:nowhere")
+        p = deploy.preflight(loaded, group, image="sparkstack-test/check:nowhere")
     assert "NCCL_IB_HCA" in p.ranks[0].env  # made from the facts: each rank's own fabric env
     assert not any(a.startswith("MemAvailable") for a in p.assumed)

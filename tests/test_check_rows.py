@@ -49,7 +49,7 @@ def probed(raw: dict, *, commands: dict | None = None, **parts) -> facts.Facts:
     return facts.parse_facts(raw, sent=raw["clock"]["started"], received=raw["clock"]["finished"])
 
 
-def cli_check(monkeypatch, inp: check.Inputs):
+def cli_check(monkeypatch, inp):
     """`sparkstack check` on these facts: its output and exit code."""
     monkeypatch.setattr(check, "run", lambda loaded, **kw: check.evaluate(inp))
     result = CliRunner().invoke(main, ["check", "-c", str(inp.loaded.path)])
@@ -199,7 +199,7 @@ def test_free_while_serving_from_each_ranks_measured_memory(monkeypatch, tmp_pat
     low = facts.Memory(127_600_000 * 1024, 98 * gib_, 90 * gib_, 1 * gib_, 0, 0, 0)
     inp = inputs(loaded, fabric_facts, {2: {"memory": low}})
     report = check.evaluate(inp)
-    kv_bytes = inp.kv().kv_cache_memory_bytes
+    kv_bytes = check.Case(inp).kv().kv_cache_memory_bytes
     assert kv_bytes == (98 * gib_ - int(0.01 * gib_) - 14 * gib_ - 4 * gib_) // (1 << 20) * (1 << 20)
     failed = row(report, 2, "free while serving")
     assert failed.status == "fail" and failed.value.startswith("4.0 GiB = MemAvailable 98.0 GiB − weights ")
@@ -237,7 +237,7 @@ def test_wrong_and_absent_sysctls_warn_with_prep_as_the_fix(monkeypatch, tmp_pat
     booted = facts.parse_sysctls(**case("sysctls"))
     inp = inputs(loaded, fabric_facts, {3: {"sysctls": booted}})
     for r in range(3):  # the healthy ranks have the config's extra one
-        inp.gathered[r].facts.sysctls["vm.not_in_this_kernel"] = "1"
+        inp.ranks[r].facts.sysctls["vm.not_in_this_kernel"] = "1"
     value = ("vm.compaction_proactiveness=20 (want 0), vm.not_in_this_kernel=absent (want 1), "
              "vm.swappiness=60 (want 1)")
     assert row(check.evaluate(inp), 3, "sysctls") == check.Row(

@@ -16,7 +16,7 @@ import pytest
 from launcher import onrank
 from launcher.apply import cluster_lock
 from launcher.inputs import config
-from launcher.transport import gather
+from launcher.gather import probe as gather
 from serving import cli
 
 

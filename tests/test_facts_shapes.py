@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 from local_probe import sandbox_rank_facts, sandbox_rank_raw
-from launcher.check import check, plan_inputs
+from launcher.check import check
+from planned import build_plan
 from launcher.facts import facts
-from launcher.transport import gather
+from launcher.gather import extras, here, probe as gather
+from launcher.gather.value import Gathered
+from launcher.inputs import apikey
 from launcher.plan import plan
 from launcher.apply import prep
 from launcher.facts.facts import FactError
@@ -143,11 +146,11 @@ def others(tmp_path_factory):
 def use(loaded, f: facts.Facts, others: dict) -> None:
     """What `check`, `plan` and `prep` do with a rank's facts, rank 0 being `f`."""
     by_rank = {0: f, **others}
-    gathered = {r: gather.RankFacts(r, f"spark{r + 1}", x, None, 0.1) for r, x in by_rank.items()}
-    inp = check.Inputs(loaded, gathered, plan_inputs.memory_need(loaded), image="sandbox-vllm:latest")
-    inp.targets = check.ping_targets(loaded, inp.facts)
+    ranks = {r: gather.RankFacts(r, f"spark{r + 1}", x, None, 0.1) for r, x in by_rank.items()}
+    inp = Gathered(loaded, ranks, here.read_model(loaded), "sandbox-vllm:latest", apikey.resolve(loaded))
+    inp.targets = extras.ping_targets(loaded, inp.facts)
     check.evaluate(inp)
-    plan_inputs.build_plan(loaded, by_rank)
+    build_plan(loaded, by_rank)
     prep.plan_rank(loaded, 0, f)
 
 

@@ -11,8 +11,8 @@ import yaml
 from click.testing import CliRunner
 
 from launcher.inputs import config, node_settings
-from launcher.transport import gather
-from launcher.check import plan_inputs
+from launcher.gather import probe as gather
+from planned import build_plan
 from launcher.apply import serve
 from launcher.cli.commands import main
 
@@ -65,8 +65,8 @@ def test_unreachable_rank_is_an_error_not_an_exception(sandbox, tmp_path):
 
 def test_plan_with_facts_uses_memory_and_each_ranks_fabric(sandbox, loaded):
     found = gather.facts_of(gather.gather_config(loaded=loaded))
-    offline = plan_inputs.build_plan(loaded)
-    live = plan_inputs.build_plan(loaded, found)
+    offline = build_plan(loaded)
+    live = build_plan(loaded, found)
     smallest = min(f.memory.available for f in found.values())
     assert live.kv.budget.mem_available == smallest != offline.kv.budget.mem_available
     assert not any(a.startswith(("MemAvailable", "fabric environment")) for a in live.assumed)
@@ -87,7 +87,7 @@ def test_plan_with_facts_uses_memory_and_each_ranks_fabric(sandbox, loaded):
 def test_plan_without_one_ranks_facts_says_so(sandbox, loaded):
     found = gather.facts_of(gather.gather_config(loaded=loaded))
     del found[3]
-    p = plan_inputs.build_plan(loaded, found)
+    p = build_plan(loaded, found)
     assert any(a.startswith("fabric environment") and "rank 3 (spark4): not probed" in a for a in p.assumed)
     assert any(a.startswith("MemAvailable") for a in p.assumed)
     assert "NCCL_IB_HCA" not in p.ranks[3].env and "NCCL_IB_HCA" in p.ranks[2].env

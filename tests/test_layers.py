@@ -148,7 +148,7 @@ def test_every_folder_says_what_lives_there():
 
 
 # launcher/plan/ derives only: what it needs from files, Docker or the ranks is read by its callers
-# (launcher/check/plan_inputs.py) and passed in. Its own templates (engine, systemd) are code.
+# (launcher/gather/) and passed in. Its own templates (engine, systemd) are code.
 IMPURE_IMPORTS = ("docker", "paramiko", "subprocess", "socket", "launcher.transport", "launcher.images",
                   "launcher.check", "launcher.apply", "launcher.cli", "launcher.sandbox")
 IMPURE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes",  # files

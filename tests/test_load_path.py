@@ -3,7 +3,8 @@ the route to the NFS server, that interface's speed, the `check` row, `up`'s wai
 
 import dataclasses
 
-from launcher.check import check, plan_inputs
+from launcher.check import check
+from planned import build_plan
 from launcher.facts import load_path
 from launcher.facts.facts import Checkpoint, Interface, Mount, parse_routes, route_to
 from test_check import fabric_facts, inputs, row, sandbox_config  # noqa: F401  (fixtures)
@@ -48,7 +49,7 @@ def test_nfs_over_the_management_port_warns_with_the_fabric_fix(sandbox_config, 
     assert r.value == ("300.0 GB from 192.168.1.5:/export/models over enP7s7 (10 Gb/s): ~5.0 min cold "
                        "(at 80% of line rate)")
     assert "enp1s0f0np0 runs at 200 Gb/s (~15 s)" in r.fix and "model.nfs.server" in r.fix
-    plan = plan_inputs.build_plan(sandbox_config, inp.facts)
+    plan = build_plan(sandbox_config, inp.facts)
     assert plan.load[1].iface == "enP7s7" and plan.load[1].seconds == 300
     assert plan.wait_timeout(120) == 600 and plan.wait_timeout(900) == 900
 
@@ -83,7 +84,7 @@ def test_ranks_reading_one_server_share_its_port(sandbox_config, fabric_facts): 
     """Four ranks on one NFS server's 10G port get a quarter each: the issue's ~13+ min, not 5."""
     inp = inputs(sandbox_config, fabric_facts, {r: nfs_from("192.168.1.5") for r in range(3)}
                  | {3: nfs_from("192.168.177.5")})
-    plan = plan_inputs.build_plan(sandbox_config, inp.facts)
+    plan = build_plan(sandbox_config, inp.facts)
     assert [plan.load[r].sharing for r in range(4)] == [3, 3, 3, 1]
     assert plan.load[0].seconds == 900 and plan.wait_timeout(900) == 1800
     r = row(check.evaluate(inp), 0, "load")

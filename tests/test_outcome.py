@@ -14,7 +14,8 @@ from launcher.check.check import Row
 from launcher.errors import SparkstackError
 from launcher.images.ship import RankShip
 from launcher.status import Status
-from launcher.transport import gather, remote
+from launcher.gather import probe as gather
+from launcher.transport import remote
 from launcher.transport.outcome import RankOutcome
 
 # What the modules wrote before the enum; JSON output and goldens hold these strings.

@@ -362,7 +362,7 @@ def test_tensorfold_ranks_get_their_own_fabric_env(tmp_path):
     import yaml
 
     from launcher.inputs import config
-    from launcher.check import plan_inputs
+    from planned import build_plan
     from launcher.apply import serve
     from launcher.sandbox import cluster, fabric_fixture as sfabric
     from local_probe import sandbox_rank_facts
@@ -373,7 +373,7 @@ def test_tensorfold_ranks_get_their_own_fabric_env(tmp_path):
     doc = {"profile": "tensorfold", "topology": "ring", "ranks": ranks, "model": {"path": cluster.MODEL_PATH}}
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
     found = {r: sandbox_rank_facts(tmp_path / f"spark{r + 1}", r) for r in range(4)}
-    built = plan_inputs.build_plan(config.load(tmp_path / "cluster.yaml"), found)
+    built = build_plan(config.load(tmp_path / "cluster.yaml"), found)
     assert not any(a.startswith("fabric environment") for a in built.assumed)
     for r, rank in enumerate(built.ranks):
         truth = sfabric.fabric_truth(r)
@@ -400,9 +400,9 @@ def example_facts(mgmt_names=("enP7s7", "eno1", "enP7s7", "enP7s7"), **kw):
 
 def build(path, found):
     from launcher.inputs import config
-    from launcher.check import plan_inputs
+    from planned import build_plan
 
-    return plan_inputs.build_plan(config.load(path), found)
+    return build_plan(config.load(path), found)
 
 
 def test_ring_sockets_and_master_on_each_ranks_management_interface(write_config):

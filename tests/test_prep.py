@@ -19,7 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from launcher.inputs import config, node_settings
-from launcher.transport import gather
+from launcher.gather import probe as gather
 from launcher.apply import prep
 from launcher.cli.commands import main
 from serving import rank_user

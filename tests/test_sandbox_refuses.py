@@ -11,7 +11,6 @@ import re
 import pytest
 
 from launcher.transport import api
-from launcher.check import check
 from launcher.inputs import config
 from launcher.apply import serve
 from launcher.transport.remote import Group
@@ -36,7 +35,7 @@ def planned(loaded, ranks):
 
     deploy.up(loaded, ranks, say=lambda _m: None)
     serve.stop(ranks)
-    return check.plan_or_refuse(loaded, ranks)
+    return deploy.preflight(loaded, ranks)
 
 
 def start_expecting_failure(loaded, ranks, plan) -> str:

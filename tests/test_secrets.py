@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from launcher.transport import api
 from launcher.inputs import apikey, config
 from launcher.bench import run as bench
-from launcher.check import check, plan_inputs
+from launcher.check import check
+from planned import build_plan
 from launcher import redact
 from launcher.apply import serve
 from launcher.cli.commands import main
@@ -66,7 +67,7 @@ def test_plan_shows_no_secret_value_unless_asked(write_config):
 def test_serving_command_line_carries_no_env_value(write_config):
     """`docker run` gets its whole environment on stdin (`--env-file /dev/stdin`): `ps` on a
     rank shows no value, the API key and HF_TOKEN included."""
-    built = plan_inputs.build_plan(config.load(write_config(with_secrets)))
+    built = build_plan(config.load(write_config(with_secrets)))
     for rank in built.ranks:
         command, stdin = serve.run_command(rank)
         assert "-e" not in rank.docker_run and "--env-file /dev/stdin" in command
@@ -216,7 +217,7 @@ def test_an_open_api_warns_in_plan_and_check(tmp_path, state, fabric_facts, chan
     loaded = sandbox_cluster(tmp_path, **changes)
     key = apikey.resolve(loaded, create=True)
     assert (key.value, key.source, key.file) == (None, source, None) and not state.exists()
-    built = plan_inputs.build_plan(loaded)
+    built = build_plan(loaded)
     assert all("VLLM_API_KEY" not in r.env for r in built.ranks)
     assert built.to_json()["api"]["warning"] == key.warning
     report = check.evaluate(inputs(loaded, fabric_facts))

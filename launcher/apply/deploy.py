@@ -1,7 +1,7 @@
 """`up` and `down`: the whole re-deploy after a boot, and taking it all away again.
 
-up = the API key (generated the first time, launcher/inputs/apikey.py) → prepare the nodes → check
-every rank (any failure stops here, nothing started) → build and ship only if a rank lacks the
+up = the API key (generated the first time, launcher/inputs/apikey.py) → prepare the nodes →
+gather (launcher/gather/) → plan → judge (`check`'s rows: any failure stops here, nothing started) → build and ship only if a rank lacks the
 profile's image → start (workers, then the head) → wait until the API answers. A cluster
 already running as planned is left alone (`restart` forces a new start).
 Interrupted (Ctrl+C, SIGTERM, SIGHUP): what is in flight is cancelled, the containers this run
@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass, field
 
 from . import load_progress, memguard, prep, serve
-from ..check import check, plan_inputs
+from ..check import check
 from ..errors import Interrupted, SparkstackError
+from ..gather import cluster, here
 from ..images import build, local_docker, ship
 from ..inputs import apikey
 from ..inputs.config import Loaded, cluster_name
+from ..plan import plan as planning
 from ..status import Status
 from ..transport import api
 from ..transport.remote import Group
@@ -48,7 +50,8 @@ def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
        say=print) -> UpReport:
-    """prep → check (a failed row starts nothing) → images → start → wait (module docstring)."""
+    """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
+    (module docstring)."""
     report = UpReport()
     try:
         return _up(loaded, group, report, restart, wait_timeout, say)
@@ -77,7 +80,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     prep.prepare(loaded, group, say=say).raise_for_failures()
     report.steps.append("prepared the nodes")
     say("checking every rank")
-    the_plan = check.plan_or_refuse(loaded, group)  # the image row is settled below
+    the_plan = preflight(loaded, group)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
@@ -107,6 +110,28 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("the API answers")
     report.seconds = time.monotonic() - started
     return report
+
+
+def preflight(loaded: Loaded, group: Group, image: str | None = None) -> planning.Plan:
+    """Gather, plan, judge over the open Group: a failed row raises CheckFailed, nothing is
+    started (the image row aside: `up` builds and ships after this); else the plan."""
+    gathered = cluster.gather(loaded, group, image)
+    the_plan, refused = _plan(loaded, gathered)
+    check.refuse(check.evaluate(gathered))
+    if refused:
+        raise refused
+    return the_plan
+
+
+def _plan(loaded: Loaded, gathered) -> tuple[planning.Plan | None, SparkstackError | None]:
+    """The plan from what was gathered, or why there is none: said after the judging, so that a
+    failed row names the cause first."""
+    if gathered.model is None:
+        return None, SparkstackError(gathered.model_error or "the checkpoint was not read")
+    try:
+        return planning.build(loaded, gathered), None
+    except SparkstackError as e:
+        return None, e
 
 
 def _refuse_foreign(current: list[serve.RankState], loaded: Loaded, say) -> None:
@@ -209,5 +234,6 @@ def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAI
     for r in failed:
         say(f"{r.target.name}: {r.why()}")
     stopped = [c.target.rank for c in group.connections if c.target.name not in {r.target.name for r in failed}]
-    prep.wait_for_memory(group, stopped, plan_inputs.memory_need(loaded).total, timeout=wait_timeout, say=say)
+    need = planning.memory_need(loaded, here.read_model(loaded)).total
+    prep.wait_for_memory(group, stopped, need, timeout=wait_timeout, say=say)
     return [r.target.name for r in failed]

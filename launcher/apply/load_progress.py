@@ -20,7 +20,7 @@ import time
 
 from ..facts import load_path
 from ..plan.plan import CONTAINER_NAME
-from ..transport import gather
+from ..gather import probe
 
 INTERVAL_S = 10.0
 # every process of the serving container; `sh` and `cat` themselves read next to nothing
@@ -44,7 +44,7 @@ def estimates(loaded, group) -> dict[int, load_path.LoadPath]:
     """Each rank's read path and cold-load estimate, from a fresh probe (for `wait`, which has no
     plan at hand); the ranks whose probe failed are left out."""
     nfs = loaded.cluster.model.nfs
-    return load_path.for_ranks(gather.facts_of(gather.gather(group, loaded)), nfs.server if nfs else None)
+    return load_path.for_ranks(probe.facts_of(probe.gather(group, loaded)), nfs.server if nfs else None)
 
 
 def describe(read: dict[int, int | None], paths: dict[int, load_path.LoadPath], elapsed: float) -> str:

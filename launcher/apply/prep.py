@@ -275,11 +275,11 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
             say: Callable[[str], None] = lambda line: None) -> PrepReport:
     """Gather, plan, apply, wait, over an open Group (what `up` calls). Unreachable ranks are
     reported, the others still prepared; the wait raises PrepError at its timeout."""
-    from ..check import plan_inputs
-    from ..transport import gather
+    from ..gather import here, probe
+    from ..plan import plan as planning
 
     started = time.monotonic()
-    gathered = gather.gather(group, loaded)
+    gathered = probe.gather(group, loaded)
     report = PrepReport([], None)
     preps = {}
     for r, g in gathered.items():
@@ -291,7 +291,7 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
     apply(group, preps)
     ready = [r for r, p in preps.items() if p.error is None]
     if drop and ready:
-        report.need = plan_inputs.memory_need(loaded).total
+        report.need = planning.memory_need(loaded, here.read_model(loaded)).total
         for r, v in wait_for_memory(group, ready, report.need, timeout=wait_timeout, say=say).items():
             preps[r].mem_available = v
     report.seconds = time.monotonic() - started
@@ -301,7 +301,7 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
 def run(loaded: Loaded, *, trust_new: bool = False, drop: bool = True,
         wait_timeout: float = WAIT_TIMEOUT_S, say: Callable[[str], None] = lambda line: None) -> PrepReport:
     """The whole `prep`: connect (one attempt each), then `prepare`."""
-    from ..transport import gather
+    from ..gather import probe
 
-    with gather.open_group(loaded, trust_new=trust_new, say=say) as group:
+    with probe.open_group(loaded, trust_new=trust_new, say=say) as group:
         return prepare(loaded, group, drop=drop, wait_timeout=wait_timeout, say=say)

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from ipaddress import ip_address, ip_interface
 
 from .. import onrank
-from ..check import check, staged
+from ..check import hashes
 from ..facts import load_path
 from ..images.ship import PROGRESS_S, Progress
 from ..inputs.config import Loaded
 from ..plan import staging
-from ..transport import gather, remote
+from ..gather import extras, probe, staged
+from ..transport import remote
 from ..transport.remote import Connection, Group
 
 COPY_LIFETIME_S = 24 * 3600  # the copy ends on the rank by itself should this host vanish
@@ -35,13 +36,13 @@ def make_plan(loaded: Loaded, group: Group, via: str = "nfs") -> staging.StagePl
     m = loaded.cluster.model
     listings = {o.target.rank: (o.target.label, o.value if o.ok else o.why())
                 for o in group.gather(lambda c: staged.list_rank(c, loaded))}
-    manifest = staged.manifest(listings)
+    manifest = hashes.manifest(listings)
     plan = staging.make(m.path, m.local_path, listings, manifest)
     if via == "nfs":
         return plan
-    facts = gather.facts_of(gather.gather(group, loaded, model_dir=m.path))
+    facts = probe.facts_of(probe.gather(group, loaded, model_dir=m.path))
     reach = {r: {t.peer: t.ip for t in targets if t.peer >= 0}
-             for r, targets in check.ping_targets(loaded, facts).items()}
+             for r, targets in extras.ping_targets(loaded, facts).items()}
     peer = staging.route_peers(staging.make(m.path, m.local_path, listings, manifest), reach)
     nfs_rate, link_rate = _rates(loaded, facts, reach)
     estimates = {"nfs": staging.seconds(plan, nfs_rate, link_rate), "peer": staging.seconds(peer, nfs_rate, link_rate)}

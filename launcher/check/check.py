@@ -23,25 +23,22 @@ neighbours are not pinged: nothing talks across a ring (the sockets use the mana
 
 from __future__ import annotations
 
-import dataclasses
-import re
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from ipaddress import IPv4Address, ip_interface
 
-from .. import onrank
 from ..errors import SparkstackError
 from ..facts import fabric, load_path
 from ..facts.facts import UNLIMITED, Facts
+from ..gather.extras import PingAnswer, PingTarget
+from ..gather.value import Gathered
 from ..inputs import apikey, node_settings, vllm_guard
 from ..inputs.config import Loaded, no_swap
 from ..onrank.probe import NOT_ANSWERING
 from ..plan.kv import GIB, gib
 from ..plan import plan as planning
-from ..plan.plan import MemoryNeed, ModelFacts, Plan, memory_guard, rank_memory
+from ..plan.plan import MemoryNeed, memory_guard, rank_memory
 from ..status import Status
-from ..transport.gather import RankFacts
 
 ORDER = ("ssh", "docker", "image", "gpu", "driver", "nvidia runtime", "gpu clock", "kernel", "memory", "vllm guard",
          "free while serving", "swap", "sysctls", "ulimits", "link", "roce", "cx7 firmware", "mtu", "peers", "jumbo",
@@ -54,8 +51,6 @@ PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DES
 SWAP_USED_WARN = 256 << 20
 DISK_FLOOR = 20 * GIB  # room for a new chain stage and the logs, beyond any image
 SEED_NOFILE = node_settings.NOFILE
-CAP_SYS_RESOURCE = 24  # lets dockerd raise a container's limits above its own
-PING_WAIT_S = 1
 DEFAULT_WAIT_S = 900  # `up --timeout`: a longer cold load is said on the load row
 _LINK_FINDINGS = ("fabric ip", "link", "speed", "sockets")
 _ROCE_FINDINGS = ("rdma", "roce gid", "twin", "gid index", "ring ports")
@@ -93,83 +88,6 @@ class Report:
                                           "checks": [asdict(c) for c in r.checks]} for r in self.ranks]}
 
 
-# --- the fabric pings --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PingTarget:
-    peer: int
-    ip: str
-    kind: str  # "link": the other end of one of this rank's cables; "fabric": a peer's fabric IP
-    df_size: int | None = None  # payload of the don't-fragment ping (MTU - 28), None: none
-
-
-@dataclass(frozen=True)
-class PingAnswer:
-    ok: bool
-    detail: str  # ping's last line, e.g. "1 packets transmitted, 0 received, 100% packet loss"
-
-
-@dataclass(frozen=True)
-class Extras:
-    """What the second command per rank measured: ping answers and dockerd's capabilities."""
-
-    pings: dict[tuple[str, bool], PingAnswer]  # (ip, df) -> answer
-    ping_missing: bool = False
-    dockerd_can_raise: bool | None = None  # CAP_SYS_RESOURCE; None: not known
-    error: str | None = None
-
-
-def rank_ping_targets(loaded: Loaded, r: int, f: Facts) -> list[PingTarget]:
-    """Whom rank `r` pings, from its own facts alone (so its pings start as soon as its probe is
-    back). The far ends of its cables (kind "link"): every other address of a point-to-point
-    link (/30, /31) of its fabric ports, and, in a ring, the other ranks' configured fabric IPs
-    on those ports' subnets -- every addressed port, up or not, so a dead cable still names its
-    far end. On a switch also every other rank's configured fabric IP (kind "fabric"). The DF
-    ping goes at the port's MTU when that is 9000. A far end's rank is -1 until
-    `resolve_peers` finds whose address it is."""
-    cluster = loaded.cluster
-    ring = cluster.topology == "ring"
-    rf = fabric.for_rank(f, cluster, r)
-    configured = {str(ip): p for p, rank in enumerate(cluster.ranks) if p != r for ip in rank.fabric_ips}
-    netdevs = [n for d in f.rdma or () for n in d.netdevs] if ring else [p.netdev for p in rf.ports]
-    found: dict[str, PingTarget] = {}
-    for netdev in netdevs:
-        df = _df_size(f.interface(netdev))
-        for mine in _ipv4(f, netdev):
-            for host in _far_ends(mine, configured if ring else {}):
-                found[host] = PingTarget(configured.get(host, -1), host, "link", df)
-    if not ring:
-        df = _df_size(f.interface(rf.primary.netdev)) if rf.primary else None
-        for ip, p in configured.items():
-            found.setdefault(ip, PingTarget(p, ip, "fabric", df))
-    return sorted(found.values(), key=lambda t: IPv4Address(t.ip))
-
-
-def _far_ends(mine, configured: dict[str, int]) -> list[str]:
-    """The other addresses of `mine`'s link: all of a /30 or /31, the configured ones on a wider one."""
-    net = mine.network
-    hosts = net.hosts() if net.prefixlen == 30 else net if net.prefixlen == 31 else ()
-    found = [str(h) for h in hosts if h != mine.ip]
-    return found + [ip for ip in configured if IPv4Address(ip) in net and ip != str(mine.ip) and ip not in found]
-
-
-def _df_size(iface) -> int | None:
-    return fabric.JUMBO_MTU - 28 if iface and iface.mtu == fabric.JUMBO_MTU else None
-
-
-def resolve_peers(targets: list[PingTarget], facts: dict[int, Facts]) -> list[PingTarget]:
-    """The same targets, in the same order, with each far end's rank filled in from the facts."""
-    owner = {str(ip_interface(a).ip): p for p, f in facts.items() for i in f.interfaces for a in i.ipv4}
-    return [t if t.peer >= 0 else dataclasses.replace(t, peer=owner.get(t.ip, -1)) for t in targets]
-
-
-def ping_targets(loaded: Loaded, facts: dict[int, Facts]) -> dict[int, list[PingTarget]]:
-    return {r: resolve_peers(rank_ping_targets(loaded, r, f), facts) for r, f in facts.items()}
-
-
-def _ipv4(f: Facts, netdev: str) -> list:
-    iface = f.interface(netdev)
-    return [ip_interface(a) for a in iface.ipv4] if iface else []
 
 
 def _fabric_mtu(f: Facts, rf: fabric.RankFabric) -> int | None:
@@ -178,70 +96,30 @@ def _fabric_mtu(f: Facts, rf: fabric.RankFabric) -> int | None:
     return iface.mtu if iface else None
 
 
-PINGER_SOURCE = onrank.path("pinger")
-
-
-def extras_invocation(targets: list[PingTarget]) -> tuple[str, bytes]:
-    """The second command per rank (launcher/onrank/pinger.py on stdin): every ping in parallel (each at
-    most PING_WAIT_S), then dockerd's CapEff. Ping i's plain key is 2i, its DF key 2i + 1."""
-    jobs = []
-    for i, t in enumerate(targets):
-        jobs.append([2 * i, t.ip, None])
-        if t.df_size is not None:
-            jobs.append([2 * i + 1, t.ip, t.df_size])
-    args = {"targets": jobs, "wait_s": PING_WAIT_S}
-    return onrank.invocation("pinger", args)
-
-
-def parse_extras(stdout: str, targets: list[PingTarget]) -> Extras:
-    pings: dict[tuple[str, bool], PingAnswer] = {}
-    can_raise = None
-    missing = False
-    for line in stdout.splitlines():
-        if line.strip() == "NOPING":
-            missing = True
-        elif line.startswith("CAPEFF "):
-            try:
-                can_raise = bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
-            except (IndexError, ValueError):
-                pass
-        elif m := re.match(r"^(\d+) (\d+) ?(.*)$", line):
-            key = int(m[1])
-            if key // 2 < len(targets):
-                pings[(targets[key // 2].ip, bool(key % 2))] = PingAnswer(m[2] == "0", m[3].strip())
-    return Extras(pings, missing, can_raise)
-
-
 # --- the pure judgement ------------------------------------------------------------------------
 
-@dataclass
-class Inputs:
-    """Everything `evaluate` judges, gathered beforehand."""
+class Case:
+    """What the rows read while judging one gathered value: the value itself, the plan's figures
+    (the memory need, vLLM's startup guard, the KV pool), each rank's fabric assessment, once."""
 
-    loaded: Loaded
-    gathered: dict[int, RankFacts]
-    need: MemoryNeed | None
-    need_error: str | None = None  # why the memory need could not be computed
-    image: str | None = None  # the profile's serving image ref
-    image_error: str | None = None  # why its tag is not known (chain not buildable here)
-    local_image_id: str | None = None  # its ID on the build host, when Docker there has it
-    targets: dict[int, list[PingTarget]] = field(default_factory=dict)
-    extras: dict[int, Extras] = field(default_factory=dict)
-    api_key: apikey.ApiKey | None = None  # None: read from this host (apikey.resolve)
-    staged: dict[int, dict | str] = field(default_factory=dict)  # model.local_path vs model.path listings
-    model: ModelFacts | None = None  # the checkpoint as read here (None: as need_error says)
-
-    _fabrics: dict = field(default_factory=dict, repr=False)
-    _guard: vllm_guard.Guard | None = field(default=None, repr=False)
-    _kv: object = field(default=None, repr=False)  # the plan's KV sizing, or why there is none
-
-    def __post_init__(self):
-        if self.api_key is None:
-            self.api_key = apikey.resolve(self.loaded)
-
-    @property
-    def facts(self) -> dict[int, Facts]:
-        return {r: g.facts for r, g in self.gathered.items() if g.facts is not None}
+    def __init__(self, gathered: Gathered):
+        self.gathered = gathered
+        self.loaded = gathered.loaded
+        self.facts = gathered.facts
+        self.image, self.image_error = gathered.known_image, gathered.image_error
+        self.local_image_id = gathered.local_image_id
+        self.targets, self.extras, self.staged = gathered.targets, gathered.extras, gathered.staged
+        self.api_key = gathered.key
+        self.need: MemoryNeed | None = None
+        self.need_error = gathered.model_error  # why the memory need could not be computed
+        if gathered.model is not None:
+            try:
+                self.need = planning.memory_need(self.loaded, gathered.model)
+            except SparkstackError as e:
+                self.need_error = e.message
+        self._fabrics: dict = {}
+        self._guard: vllm_guard.Guard | None = None
+        self._kv: object = None  # the plan's KV sizing, or why there is none
 
     def fabric(self, r: int) -> fabric.RankFabric:
         """The rank's fabric assessment, once (several rows and the MTU comparison use it)."""
@@ -259,24 +137,23 @@ class Inputs:
     def kv(self):
         """The KV pool the plan would size on these facts (plan.serving_kv), once; the error's
         text when it cannot be sized."""
-        from . import plan_inputs
-
         if self._kv is None:
             try:
-                self.model = self.model or plan_inputs.read_model(self.loaded)
-                self._kv = planning.serving_kv(self.loaded, self.model, rank_memory(self.loaded, self.facts, []))
+                self._kv = planning.serving_kv(self.loaded, self.gathered.model,
+                                               rank_memory(self.loaded, self.facts, []))
             except SparkstackError as e:
                 self._kv = e.message
         return self._kv
 
 
-def evaluate(inp: Inputs) -> Report:
+def evaluate(gathered: Gathered) -> Report:
     """The whole table. An unreachable rank gets one failed `ssh` row; the cross-rank checks
     (image IDs, MTU, checkpoint fingerprint, clocks) compare the ranks that answered."""
+    inp = Case(gathered)
     cluster = inp.loaded.cluster
     report = Report([])
     for r, rank in enumerate(cluster.ranks):
-        g = inp.gathered.get(r)
+        g = gathered.ranks.get(r)
         rr = RankReport(r, rank.label)
         report.ranks.append(rr)
         if g is None or g.facts is None:
@@ -290,7 +167,7 @@ def evaluate(inp: Inputs) -> Report:
     return report
 
 
-def _check_docker(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_docker(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     d = f.docker
     if d is None:
         rr.add("docker", Status.FAIL, "docker CLI not installed", "install Docker (DGX OS ships it): apt install docker.io")
@@ -301,7 +178,7 @@ def _check_docker(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("docker", Status.PASS, f"server {d.server_version}, {len(d.images)} images")
 
 
-def _check_image(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_image(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     if inp.image is None:
         rr.add("image", Status.FAIL, f"the profile's image is not known: {inp.image_error}", "sparkstack build")
         return
@@ -363,7 +240,7 @@ def _not_measured(f: Facts, what: str) -> str:
     return f"not measured: {why} (no {what} to compare)"
 
 
-def _check_driver(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_driver(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """The NVIDIA driver and the CUDA driver API version it gives: the same on every rank (NCCL
     and the engine's kernels across ranks), and the loaded module the same as the library."""
     d = f.driver
@@ -386,7 +263,7 @@ def _driver_text(d) -> str:
     return f"{d.version or d.kernel_module} (CUDA {d.cuda or '?'})"
 
 
-def _check_nvidia_runtime(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_nvidia_runtime(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """The container runtime's NVIDIA configuration on this rank: a CDI spec generated for
     another driver than the one running (the trap after a driver upgrade) hands the container
     libraries that are not there; nvidia-ctk's version is compared across ranks."""
@@ -414,7 +291,7 @@ def _check_nvidia_runtime(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None
         rr.add(name, Status.PASS, shown + (f", {said}" if said else ""))
 
 
-def _check_gpu_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_gpu_clock(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """The GPU clock: the lock cluster.yaml's gpu_clock asks for, as prep or the Ansible unit
     recorded it, and the clocks nvidia-smi reads now."""
     name, want = "gpu clock", node_settings.gpu_clock_range(inp.loaded.cluster)
@@ -438,7 +315,7 @@ def _check_gpu_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add(name, Status.PASS, lock + (f"; {now}" if now else ""))
 
 
-def _check_kernel(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_kernel(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """The kernel and its page size: the same everywhere (a 64k-page kernel beside 4k ones, or
     another kernel's RDMA and NVIDIA modules, are what an update on one box brings)."""
     values = {p: _kernel_text(x) for p, x in inp.facts.items()}
@@ -452,7 +329,7 @@ def _kernel_text(f: Facts) -> str:
     return f"{f.kernel or '?'}, {page}"
 
 
-def _check_cx7_firmware(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_cx7_firmware(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """The ConnectX-7 firmware (/sys/class/infiniband/<hca>/fw_ver): the same on every rank."""
     name = "cx7 firmware"
     if not f.fw_versions:
@@ -469,7 +346,7 @@ def _short(image_id: str) -> str:
     return image_id.removeprefix("sha256:")[:12]
 
 
-def _check_gpu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_gpu(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     if not inp.loaded.cluster.container.gpus:
         shown = f"; nvidia-smi shows {f.gpu.name}" if f.gpu else ""
         rr.add("gpu", Status.PASS, f"not required by config (container.gpus: null){shown}")
@@ -481,7 +358,7 @@ def _check_gpu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("gpu", Status.PASS, f"{f.gpu.name}, driver {f.gpu.driver}")
 
 
-def _check_memory(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_memory(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     if f.memory is None:
         rr.add("memory", Status.FAIL, "/proc/meminfo unreadable", "check the rank's /proc")
         return
@@ -507,7 +384,7 @@ def _check_memory(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("memory", Status.PASS, f"{shown}; margin {gib(avail - need.total)}")
 
 
-def _check_vllm_guard(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_vllm_guard(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """vLLM refuses to start when free memory < MemTotal × --gpu-memory-utilization
     (launcher/inputs/vllm_guard.py); the fix names the utilisation every rank clears with the margin."""
     name, engine = "vllm guard", inp.loaded.profile.engine
@@ -548,7 +425,7 @@ def _check_vllm_guard(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add(name, Status.PASS, f"{shown}; clears up to {g.highest} with margin {g.margin}")
 
 
-def _check_free_while_serving(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_free_while_serving(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """The memory this rank keeps free once the engine holds its weights, runtime and KV pool,
     from its measured MemAvailable (plan shows the same from the config's figures): the seeds
     keep ~9-15 GB free on every Spark; below overrides.free_floor_gib a GB10 freezes, not OOMs."""
@@ -570,7 +447,7 @@ def _check_free_while_serving(inp: Inputs, r: int, f: Facts, rr: RankReport) -> 
         rr.add(name, Status.PASS, f"{shown}; floor {gib(floor)} (the seeds keep ~9-15 GB)")
 
 
-def _check_swap(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_swap(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     m = f.memory
     if m is None or m.swap_total == 0:
         rr.add("swap", Status.PASS, "none")
@@ -590,7 +467,7 @@ def _check_swap(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("swap", Status.PASS, f"{gib(m.swap_total)}, {gib(used)} used")
 
 
-def _check_sysctls(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_sysctls(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     want = node_settings.sysctls(inp.loaded.cluster)
     wrong = [f"{k}={f.sysctls.get(k) or 'absent'} (want {v})" for k, v in want.items()
              if f.sysctls.get(k) != str(v)]
@@ -613,7 +490,7 @@ def _above(a: int, b: int) -> bool:
     return a != b and (a == UNLIMITED or (b != UNLIMITED and a > b))
 
 
-def _check_ulimits(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_ulimits(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """What a container can get is what the config asks of `docker run --ulimit`, capped by
     dockerd: with CAP_SYS_RESOURCE (a root dockerd on a real Spark) up to the kernel's ceilings,
     without it (the sandbox) its own hard limits."""
@@ -665,15 +542,15 @@ def _from_findings(rr: RankReport, name: str, findings, names: tuple[str, ...]) 
     rr.add(name, worst.status if worst else Status.PASS, shown, worst.fix if worst else "")
 
 
-def _check_link(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_link(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     _from_findings(rr, "link", inp.fabric(r).findings, _LINK_FINDINGS)
 
 
-def _check_roce(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_roce(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     _from_findings(rr, "roce", inp.fabric(r).findings, _ROCE_FINDINGS)
 
 
-def _check_mtu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_mtu(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     mtus = {p: _fabric_mtu(x, inp.fabric(p)) for p, x in inp.facts.items()}
     mine = mtus[r]
     if mine is None:
@@ -690,15 +567,15 @@ def _check_mtu(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("mtu", Status.PASS, f"MTU {mine}, same on all ranks")
 
 
-def _check_peers(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_peers(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     _pings(inp, r, rr, df=False)
 
 
-def _check_jumbo(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_jumbo(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     _pings(inp, r, rr, df=True)
 
 
-def _pings(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
+def _pings(inp: Case, r: int, rr: RankReport, df: bool) -> None:
     name = "jumbo" if df else "peers"
     targets = [t for t in inp.targets.get(r, []) if not df or t.df_size]
     extra = inp.extras.get(r)
@@ -732,7 +609,7 @@ def _pings(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
         rr.add(name, Status.PASS, f"{ok}: " + ", ".join(good))
 
 
-def _answer(inp: Inputs, r: int, t: PingTarget, df: bool) -> PingAnswer:
+def _answer(inp: Case, r: int, t: PingTarget, df: bool) -> PingAnswer:
     return inp.extras[r].pings.get((t.ip, df), PingAnswer(False, "no result"))
 
 
@@ -740,7 +617,7 @@ def _label(t: PingTarget, df: bool) -> str:
     return f"rank {t.peer if t.peer >= 0 else '?'} {t.ip}" + (f" ({t.df_size + 28} B DF)" if df else "")
 
 
-def _ring_links(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
+def _ring_links(inp: Case, r: int, rr: RankReport, df: bool) -> None:
     """Rank r's two ring links (to r-1 and r+1), each judged from both ends' pings: a link that
     does not answer both ways fails here and, by the same rule, on the other end too."""
     name = "jumbo" if df else "peers"
@@ -773,7 +650,7 @@ def _ring_links(inp: Inputs, r: int, rr: RankReport, df: bool) -> None:
         rr.add(name, Status.PASS, "ring links answer both ways: " + ", ".join(good))
 
 
-def _link_answers(inp: Inputs, a: int, b: int, df: bool) -> list[tuple[int, PingTarget, PingAnswer]]:
+def _link_answers(inp: Case, a: int, b: int, df: bool) -> list[tuple[int, PingTarget, PingAnswer]]:
     """What rank a's pings to rank b's end of their cables got (none when a's were not measured)."""
     extra = inp.extras.get(a)
     if extra is None or extra.error or extra.ping_missing:
@@ -781,7 +658,7 @@ def _link_answers(inp: Inputs, a: int, b: int, df: bool) -> list[tuple[int, Ping
     return [(a, t, _answer(inp, a, t, df)) for t in inp.targets.get(a, []) if t.peer == b and (not df or t.df_size)]
 
 
-def _check_nccl(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_nccl(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """The host NCCL build (nccl.host_lib): on every rank, and the same build everywhere."""
     lib = inp.loaded.cluster.nccl.host_lib
     if not lib:
@@ -815,12 +692,12 @@ def _build_text(build: tuple[str | None, int | None]) -> str:
     return f"NCCL {version or '(version unknown)'}, {size:,} B" if size is not None else f"NCCL {version}"
 
 
-def _check_checkpoint(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_checkpoint(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     _checkpoint_row(inp, r, f, rr)
     _check_staged(inp, r, f, rr)
 
 
-def _checkpoint_row(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _checkpoint_row(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     path = inp.loaded.cluster.model.serving_path  # the staged copy when model.local_path is set
     c = f.checkpoint
     if c is None or not c.shards:
@@ -843,7 +720,7 @@ def _checkpoint_row(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("checkpoint", Status.PASS, shown + (", same on all ranks" if len(prints) == 1 else ""))
 
 
-def _check_staged(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_staged(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """With model.local_path: every file of model.path in the rank's copy, same size and mtime."""
     from ..plan import staging
 
@@ -871,7 +748,7 @@ def _check_staged(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add(STAGED, Status.PASS, f"{m.local_path}: {len(s.files)} files, the size and mtime of {m.path}'s")
 
 
-def _check_load(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_load(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """Which link carries the rank's checkpoint reads, and the cold load it makes (issue 15)."""
     nfs = inp.loaded.cluster.model.nfs
     p = load_path.for_ranks(inp.facts, nfs.server if nfs else None).get(r)
@@ -909,7 +786,7 @@ def _nfs_fix(loaded: Loaded, f: Facts) -> str:
             "then `sparkstack prep`)")
 
 
-def _check_disk(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_disk(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     d = f.docker
     if d is None or d.storage_avail is None:
         rr.add("disk", Status.WARN, "Docker's storage not readable", "fix the docker row first")
@@ -927,7 +804,7 @@ def _check_disk(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("disk", Status.PASS, shown)
 
 
-def _check_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_clock(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     offsets = {p: x.clock.offset for p, x in inp.facts.items() if x.clock.offset is not None}
     if r not in offsets:
         rr.add("clock", Status.WARN, "not measured", "re-run check")
@@ -941,7 +818,7 @@ def _check_clock(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
         rr.add("clock", Status.PASS, shown)
 
 
-def _check_api_key(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
+def _check_api_key(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     """Rank 0 serves the API on the host network: does it ask for a key (launcher/inputs/apikey.py)?"""
     if r != 0:
         return
@@ -957,71 +834,14 @@ def _check_api_key(inp: Inputs, r: int, f: Facts, rr: RankReport) -> None:
 CHECKS = {name: globals()[f"_check_{name.replace(' ', '_')}"] for name in ORDER[1:]}
 
 
-# --- gathering and running ---------------------------------------------------------------------
-
-def collect(loaded: Loaded, group, image: str | None = None) -> Inputs:
-    """Per rank, in parallel: the probe, then at once one more command that pings the peers'
-    fabric IPs and reads dockerd's capabilities. The local part (the plan's memory need, the
-    image's tag and local ID) runs meanwhile. Never raises for a rank's failure: a rank whose
-    part raised is reported like one that did not answer, the others as they answered."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ..transport import gather
-    from . import staged as staged_mod
-
-    staged: dict[int, dict | str] = {}
-
-    def rank(conn) -> tuple[gather.RankFacts, list[PingTarget], Extras | None]:
-        """Probe, then at once this rank's pings: no waiting for the slowest rank's probe."""
-        found = gather.probe_rank(conn, loaded)
-        if found.facts is None:
-            return found, [], None
-        targets = rank_ping_targets(loaded, conn.target.rank, found.facts)
-        command, stdin = extras_invocation(targets)
-        result = conn.run(command, stdin=stdin, timeout=PING_WAIT_S + 10)
-        extra = parse_extras(result.stdout, targets) if result.ok else Extras({}, error=result.why())
-        if loaded.cluster.model.local_path:  # the staged copy against its source, by size and mtime
-            staged[conn.target.rank] = staged_mod.list_rank(conn, loaded)
-        return found, targets, extra
-
-    with ThreadPoolExecutor(max_workers=1) as local:
-        here = local.submit(_local_inputs, loaded, image)
-        answers = [o.value if o.ok else (gather.failed(o), [], None) for o in group.gather(rank)]
-        inp = here.result()
-    inp.gathered = {g.rank: g for g, _, _ in answers}
-    facts = inp.facts
-    inp.targets = {g.rank: resolve_peers(t, facts) for g, t, _ in answers if g.facts is not None}
-    inp.extras = {g.rank: e for g, _, e in answers if e is not None}
-    inp.staged = staged
-    return inp
-
-
-def _local_inputs(loaded: Loaded, image: str | None) -> Inputs:
-    """What this host knows: the memory the plan needs and the serving image's tag and ID."""
-    from ..images import build as image_build
-    from . import plan_inputs
-
-    inp = Inputs(loaded, {}, None)
-    try:
-        inp.model = plan_inputs.read_model(loaded)
-        inp.need = planning.memory_need(loaded, inp.model)
-    except SparkstackError as e:
-        inp.need_error = e.message
-    if image is None:
-        image, notes = image_build.serving_image(loaded)
-        if image.endswith(":unbuilt"):
-            image, inp.image_error = None, "; ".join(notes)
-    inp.image = image
-    inp.local_image_id = image_build.local_base_id(image) if image else None
-    return inp
-
+# --- running ------------------------------------------------------------------------------------
 
 def add_bandwidth(report: Report, inp: Inputs, group) -> None:
     """`check --bandwidth`: one more row per rank that answered, an NCCL all-reduce across all
     ranks in the serving image (launcher/check/bandwidth.py), over the same open Group."""
     from . import bandwidth
 
-    found = bandwidth.check(inp.loaded, group, image=inp.image, facts=inp.facts,
+    found = bandwidth.check(inp.loaded, group, image=inp.known_image, facts=inp.facts,
                             image_error=inp.image_error).findings
     for rr in report.ranks:
         if rr.rank in found:
@@ -1046,11 +866,11 @@ def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, sa
     evaluate; with `bandwidth`, the all-reduce row too; with `deep`, the checkpoint's hashes."""
     import time
 
-    from ..transport import gather
+    from ..gather import cluster, probe
 
     started = time.monotonic()
-    with gather.open_group(loaded, trust_new=trust_new, say=say) as group:
-        inp = collect(loaded, group, image)
+    with probe.open_group(loaded, trust_new=trust_new, say=say) as group:
+        inp = cluster.gather(loaded, group, image)
         report = evaluate(inp)
         if bandwidth:
             add_bandwidth(report, inp, group)
@@ -1064,17 +884,11 @@ class CheckFailed(SparkstackError):
     """The preflight found failures; the message lists each with its rank and fix."""
 
 
-def plan_or_refuse(loaded: Loaded, group, image: str | None = None,
-                   tolerate: tuple[str, ...] = ("image",)) -> Plan:
-    """What `up` calls before starting anything: check every rank over the open Group; a failed
-    row raises CheckFailed (nothing is started); else the plan made from these facts. Rows in
-    `tolerate` do not stop it: by default the image, which `up` builds and ships after this."""
-    from . import plan_inputs
-
-    inp = collect(loaded, group, image)
-    report = evaluate(inp)
+def refuse(report: Report, tolerate: tuple[str, ...] = ("image",)) -> None:
+    """What `up` does with its preflight's report: a failed row raises CheckFailed (nothing is
+    started), each failure named with its rank and fix. Rows in `tolerate` do not stop it: by
+    default the image, which `up` builds and ships after this."""
     failed = [(r, c) for r in report.ranks for c in r.checks if c.status == Status.FAIL and c.name not in tolerate]
     if failed:
         raise CheckFailed("check failed; nothing was started:\n" + "\n".join(
             f"rank {r.rank} ({r.host}) {c.name}: {c.value} -- fix: {c.fix}" for r, c in failed))
-    return plan_inputs.build_plan(loaded, inp.facts)

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..facts.facts import Facts
+from ..facts.facts import Facts, parse_checkpoint
 from ..inputs import apikey
 from ..inputs.config import Loaded
 from ..status import Status
@@ -139,3 +139,13 @@ def _judge(r: int, f: Facts, got: dict[str, str], why: str, path: str, majority:
     return Finding(Status.PASS if manifest else Status.WARN,
                    f"{len(names)} files match {what}{note}",
                    "" if manifest else "run `sparkstack manifest` once to have a reference")
+
+
+def manifest(listings: dict) -> dict[str, str] | None:
+    """The manifest made for the source's fingerprint (`sparkstack manifest`), as the first rank
+    that read the source sees it; None when none was made."""
+    for _host, listing in listings.values():
+        if isinstance(listing, dict) and "checkpoint" in listing.get("src", {}):
+            found = parse_checkpoint(listing["src"]["checkpoint"])
+            return load(found.fingerprint) if found else None
+    return None

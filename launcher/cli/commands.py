@@ -14,7 +14,8 @@ from .. import redact
 from ..errors import SparkstackError
 from ..inputs import config as config_mod
 from ..inputs.profile import load_profile, profile_names
-from ..check import plan_inputs
+from ..gather import here
+from ..plan import plan as planning
 from ..status import Status
 from .console import err, friendly, friendly_errors, make_table, out, plain, print_table
 
@@ -95,7 +96,7 @@ def plan(loaded, as_json, show_secrets, offline):
     --profile NAME plans NAME instead of the config's profile (so do build, ship and up).
     """
     facts, note = ({}, None) if offline else _probe_for_plan(loaded)
-    result = plan_inputs.build_plan(loaded, facts)
+    result = planning.build(loaded, here.inputs(loaded, facts))
     if note:
         result.assumed.append(note)
     source = "config" if click.get_current_context().params["profile_name"] is None else "--profile"
@@ -778,7 +779,7 @@ PLAN_PROBE_TIMEOUT_S = 3.0  # `plan` is a look, not a preflight: it never waits 
 def _probe_for_plan(loaded):
     """Facts of the ranks that answer, and the `assumed` line for those that do not (None when
     all answered). Never fails: an unreachable cluster gives the offline plan."""
-    from ..transport import gather
+    from ..gather import probe as gather
 
     timeout = min(PLAN_PROBE_TIMEOUT_S, float(loaded.cluster.ssh.connect_timeout_s))
     try:
@@ -848,7 +849,7 @@ def manifest(loaded, trust_new_hosts):
     manifest on this host ($XDG_STATE_HOME/sparkstack/manifests/, named after the checkpoint's
     fingerprint): `check --deep` then names any rank whose shard differs from it."""
     from ..check import hashes
-    from ..transport import gather
+    from ..gather import probe as gather
 
     with gather.open_group(loaded, trust_new=trust_new_hosts,
                            say=lambda line: err.print(line, markup=False, highlight=False)) as group:
@@ -900,7 +901,7 @@ def stage(loaded, as_json, dry_run, via, bwlimit, trust_new_hosts, wait_lock):
     from ..apply import cluster_lock
     from ..apply import stage as stage_mod
     from ..plan import staging
-    from ..transport import gather
+    from ..gather import probe as gather
 
     if not loaded.cluster.model.local_path:
         raise SparkstackError("model.local_path is not set in cluster.yaml: nothing to stage to; add it "
@@ -987,7 +988,7 @@ def prep(loaded, as_json, no_drop, wait_timeout, trust_new_hosts, wait_lock):
     from ..apply import cluster_lock
     from ..apply import prep as prep_mod
 
-    from ..transport import gather
+    from ..gather import probe as gather
 
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     with gather.open_group(loaded, trust_new=trust_new_hosts, say=say) as group, \

@@ -108,7 +108,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
 
     loaded = bringup.load_doc(bringup.provisional(list(hosts), answers), output.resolve().parent)
     facts = bringup.probe_all(loaded)
-    from ..transport import gather
+    from ..gather import probe as gather
 
     with gather.open_group(loaded) as group:
         sudo = [p for p in (hosts_mod.sudo_problem(c, user, f"rank {i} ({hosts[i]})")

@@ -21,7 +21,7 @@ from .. import onrank, resources
 from ..facts import cabling as cabling_mod
 from ..inputs import config as config_mod
 from ..plan import inventory
-from ..transport import gather
+from ..gather import probe as gather
 from .hosts import InitError
 
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")

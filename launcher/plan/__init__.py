@@ -3,6 +3,7 @@ the KV sizing (kv); and what else is derived from the config alone: the Ansible 
 systemd unit.
 
 Derivation only: nothing here changes a rank, reads a file beyond its own templates, asks Docker
-or opens SSH; the callers gather those inputs (launcher/check/plan_inputs.py) and pass them in.
-May import `launcher.inputs` and `launcher.facts` (their types and pure parsers) only.
+or opens SSH; the callers gather those inputs (launcher/gather/: one `Gathered` value) and pass them in.
+May import `launcher.inputs`, `launcher.facts` (their types and pure parsers) and the gathered
+value's types (launcher/gather/value.py) only.
 """

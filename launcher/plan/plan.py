@@ -1,7 +1,7 @@
 """The plan: per rank the environment, the `docker run` argv and the engine argv, and the KV sizing.
 
 Pure data computed from the config, the profile and what the caller read beforehand (`Gathered`:
-the checkpoint, the serving image's tag, the API key, the ranks' facts; launcher/check/plan_inputs.py
+the checkpoint, the serving image's tag, the API key, the ranks' facts; launcher/gather/
 reads them). Nothing here reads a file, asks Docker or touches a rank. Every input that had to be
 defaulted is listed in `assumed`, so a plan made without the cluster says what it took on trust.
 """
@@ -15,8 +15,8 @@ from . import caches, engine, kv
 from .. import redact
 from ..errors import ConfigError, PlanRefused, SparkstackError
 from ..facts import fabric, load_path
-from ..facts.checkpoint import ModelShape, WeightSplit
 from ..facts.facts import Facts
+from ..gather.value import Gathered, ModelFacts, parallelism
 from ..inputs import apikey, vllm_flags, vllm_guard
 from ..inputs.config import Cluster, ContainerSettings, Loaded, cluster_name, master_port, rendezvous
 
@@ -37,27 +37,6 @@ ENV_FROM_STDIN = ["--env-file", "/dev/stdin"]
 # tensorfold.cli`'s), and on a GB10 the GPU memory it holds need not count in its RSS.
 OOM_SCORE_ADJ = 1000
 AUTO = -1  # vLLM's --max-model-len auto (also written -1)
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What is known of the checkpoint: its shape and the weights on the fullest rank."""
-
-    shape: ModelShape
-    weights: WeightSplit | None  # None: the profile's per-rank figure is used
-    assumed: tuple[str, ...] = ()  # what could not be read and was taken from the profile
-
-
-@dataclass(frozen=True)
-class Gathered:
-    """What the plan needs beyond the config and the profile, read by the caller
-    (launcher/check/plan_inputs.py): the plan itself reads no file and asks no Docker."""
-
-    model: ModelFacts
-    image: str  # the serving image's ref (a content tag, a prebuilt ref or a `:unbuilt` placeholder)
-    key: apikey.ApiKey  # the API's key as kept on this host
-    facts: dict[int, Facts] = field(default_factory=dict)  # rank -> the probe's Facts
-    image_assumed: tuple[str, ...] = ()  # what the image's ref had to assume
 
 
 @dataclass(frozen=True)
@@ -137,13 +116,6 @@ class Plan:
             "assumed": self.assumed,
             "notes": self.notes,
         }
-
-
-def parallelism(loaded: Loaded) -> tuple[int, int]:
-    """(tensor-parallel, pipeline-parallel) sizes: the flags' values, else TP over every rank."""
-    flags = loaded.flags
-    tp = int(vllm_flags.value(flags, "tensor_parallel_size") or len(loaded.cluster.ranks))
-    return tp, int(vllm_flags.value(flags, "pipeline_parallel_size") or 1)
 
 
 def build(loaded: Loaded, inputs: Gathered) -> Plan:

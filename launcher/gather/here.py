@@ -2,7 +2,8 @@
 checkpoint's shape and weight split (config.json and the safetensors headers), the serving
 image's tag (the local Docker's ID of the base), and the API key as kept on this host.
 
-`check`, `up`, `down`, `prep` and `plan` gather through here and hand the result to the plan.
+`plan` (and `down`, `prep` for the memory need) read through here; `check` and `up` through
+launcher/gather/cluster.py, which adds the ranks' part.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from ..facts.facts import Facts
 from ..images import build as image_build
 from ..inputs import apikey
 from ..inputs.config import Loaded
-from ..plan import plan
+from .probe import RankFacts
+from .value import Gathered, ModelFacts, parallelism
 
 
-def read_model(loaded: Loaded) -> plan.ModelFacts:
+def read_model(loaded: Loaded) -> ModelFacts:
     """The checkpoint as seen from here, else the profile's seed figures (noted in `assumed`).
     With model.local_path, the staged copy when this host has one, else its source (model.path):
     `check` compares every rank's copy with the source, file by file."""
@@ -29,30 +31,20 @@ def read_model(loaded: Loaded) -> plan.ModelFacts:
     try:
         shape = read_shape(model_dir)
     except CheckpointError as e:
-        return plan.ModelFacts(profile.shape(), None, (f"model shape: profile {profile.name}'s figures ({e})",))
-    tp, pp = plan.parallelism(loaded)
+        return ModelFacts(profile.shape(), None, (f"model shape: profile {profile.name}'s figures ({e})",))
+    tp, pp = parallelism(loaded)
     try:
-        return plan.ModelFacts(shape, split_weights(model_dir, shape, tp, pp))
+        return ModelFacts(shape, split_weights(model_dir, shape, tp, pp))
     except CheckpointError as e:
-        return plan.ModelFacts(shape, None, (f"weights per rank: profile {profile.name}'s figures ({e})",))
+        return ModelFacts(shape, None, (f"weights per rank: profile {profile.name}'s figures ({e})",))
 
 
-def gather(loaded: Loaded, facts: dict[int, Facts] | None = None,
-           key: apikey.ApiKey | None = None) -> plan.Gathered:
+def inputs(loaded: Loaded, facts: dict[int, Facts] | None = None,
+           key: apikey.ApiKey | None = None) -> Gathered:
     """Everything the plan reads: `facts` as the probe found them (none: planned offline) and
     `key`, by default the API key as kept on this host (read, never made)."""
     key = key or apikey.resolve(loaded)
     model = read_model(loaded)
     image, image_assumed = image_build.serving_image(loaded)
-    return plan.Gathered(model, image, key, facts or {}, tuple(image_assumed))
-
-
-def build_plan(loaded: Loaded, facts: dict[int, Facts] | None = None,
-               key: apikey.ApiKey | None = None) -> plan.Plan:
-    """The plan from what this host and `facts` give (gather, then plan.build)."""
-    return plan.build(loaded, gather(loaded, facts, key))
-
-
-def memory_need(loaded: Loaded) -> plan.MemoryNeed:
-    """The least MemAvailable a rank needs, from the checkpoint as read here (plan.memory_need)."""
-    return plan.memory_need(loaded, read_model(loaded))
+    ranks = {r: RankFacts(r, loaded.cluster.ranks[r].label, f, None, 0.0) for r, f in (facts or {}).items()}
+    return Gathered(loaded, ranks, model, image, key, tuple(image_assumed))

@@ -1,7 +1,8 @@
-"""Gather: run the ONE probe on every rank in parallel and parse what came back.
+"""The probe: run the ONE probe on every rank in parallel and parse what came back.
 
-`check`, `prep`, `plan` (and later `up`) all start here. The result is per rank, a Facts or the
-reason there is none (unreachable, the probe failed, its output unreadable), never an exception:
+`check`, `prep`, `plan` and `up` all start here (`check` and `up` through cluster.gather). The
+result is per rank, a Facts or the reason there is none (unreachable, the probe failed, its
+output unreadable), never an exception:
 one dead rank must not hide the others' facts. The Group stays open so the caller's next
 commands (pings, sudo steps) reuse the same SSH connections.
 """
@@ -18,8 +19,8 @@ from ..facts import facts as facts_mod
 from ..facts.facts import Facts, FactError
 from ..inputs import node_settings
 from ..inputs.config import Loaded
-from .outcome import RankOutcome
-from .remote import Connection, Group
+from ..transport.outcome import RankOutcome
+from ..transport.remote import Connection, Group
 
 PROBE_TIMEOUT_S = 20.0  # the probe's own commands stop at 5 s each; this bounds the whole
 EXTRA_SYSCTLS = ("fs.nr_open",)  # the kernel's ceiling for nofile, for the ulimits check

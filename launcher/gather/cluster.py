@@ -1,0 +1,69 @@
+"""THE gather step of `check` and `up`: one call, one value (value.Gathered).
+
+Per rank, in parallel: the probe, then at once one more command that pings the peers' fabric IPs
+and reads dockerd's capabilities (extras), and with model.local_path the staged copy's listing
+(staged). This host's part (the checkpoint's shape, the image's tag and local ID, the API key)
+runs meanwhile. Never raises for a rank's failure: a rank whose part raised is in the value like
+one that did not answer, the others as they answered.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import SparkstackError
+from ..images import build as image_build
+from ..inputs import apikey
+from ..inputs.config import Loaded
+from . import extras, here, probe, staged as staged_mod
+from .value import Gathered
+
+
+def gather(loaded: Loaded, group, image: str | None = None) -> Gathered:
+    """Everything `check` judges and `up` plans from, over the open Group. `image`: the serving
+    image's ref to look for instead of the profile's."""
+    staged: dict[int, dict | str] = {}
+
+    def rank(conn) -> tuple[probe.RankFacts, list[extras.PingTarget], extras.Extras | None]:
+        """Probe, then at once this rank's pings: no waiting for the slowest rank's probe."""
+        found = probe.probe_rank(conn, loaded)
+        if found.facts is None:
+            return found, [], None
+        targets = extras.rank_ping_targets(loaded, conn.target.rank, found.facts)
+        command, stdin = extras.extras_invocation(targets)
+        result = conn.run(command, stdin=stdin, timeout=extras.PING_WAIT_S + 10)
+        extra = extras.parse_extras(result.stdout, targets) if result.ok else extras.Extras({}, error=result.why())
+        if loaded.cluster.model.local_path:  # the staged copy against its source, by size and mtime
+            staged[conn.target.rank] = staged_mod.list_rank(conn, loaded)
+        return found, targets, extra
+
+    with ThreadPoolExecutor(max_workers=1) as local:
+        mine = local.submit(this_host, loaded, image)
+        answers = [o.value if o.ok else (probe.failed(o), [], None) for o in group.gather(rank)]
+        found = mine.result()
+    found.ranks = {g.rank: g for g, _, _ in answers}
+    facts = found.facts
+    found.targets = {g.rank: extras.resolve_peers(t, facts) for g, t, _ in answers if g.facts is not None}
+    found.extras = {g.rank: e for g, _, e in answers if e is not None}
+    found.staged = staged
+    return found
+
+
+def this_host(loaded: Loaded, image: str | None = None) -> Gathered:
+    """What this host knows: the checkpoint, the serving image's tag and ID, the API key as kept
+    here (read, never made); the ranks' part still empty. Never raises for the checkpoint: a
+    model that cannot be read is `model_error`, judged by `check`'s memory row."""
+    model, model_error = None, None
+    try:
+        model = here.read_model(loaded)
+    except SparkstackError as e:
+        model_error = e.message
+    assumed: list[str] = []
+    image_error = None
+    if image is None:
+        image, assumed = image_build.serving_image(loaded)
+        if image.endswith(":unbuilt"):
+            image_error = "; ".join(assumed)
+    local_id = image_build.local_base_id(image) if image_error is None else None
+    return Gathered(loaded, {}, model, image, apikey.resolve(loaded), tuple(assumed), model_error,
+                    image_error, local_id)
