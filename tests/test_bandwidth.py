@@ -25,7 +25,7 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import sandbox_rank_facts
-from launcher.check import bandwidth, check
+from launcher.check import bandwidth, preflight, report as check
 from planned import build_plan
 from launcher.inputs import config
 from launcher.facts import facts
@@ -392,7 +392,7 @@ def test_measure_stops_the_waiting_ranks(monkeypatch):
 
 def test_check_bandwidth_on_the_sandbox_is_not_measured_without_torch(sandbox):
     loaded = config.load(sandbox.config)
-    report = check.run(loaded, image=sandbox.images["vllm"], bandwidth=True)
+    report = preflight.run(loaded, image=sandbox.images["vllm"], bandwidth=True)
     for r in report.ranks:
         rows = [n for n in check.ORDER if n != "api key" or r.rank == 0]  # rank 0 serves the API
         assert [c.name for c in r.checks] == [*rows, "bandwidth"]

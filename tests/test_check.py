@@ -27,7 +27,8 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
-from launcher.check import check
+from launcher.check import preflight, report as check
+from launcher.check.rows import drift
 from planned import build_plan
 from launcher.sandbox import fabric_fixture as sfabric
 from launcher.inputs import config
@@ -417,13 +418,13 @@ def test_nccl_row_with_a_host_build(sandbox_config, fabric_facts, odd, status, t
 # --- drift between ranks ------------------------------------------------------------------------
 
 def test_compare_names_the_odd_rank_or_lists_every_rank_without_a_majority():
-    assert check.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 2) == (True, "rank 2 has b; ranks 0, 1, 3 have a")
-    assert check.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 0) == (False, "same on ranks 0, 1, 3 (rank 2 differ)")
-    assert check.compare({0: "a", 1: "b"}, 0) == (True, "ranks differ: rank 0 a, rank 1 b")
-    assert check.compare({0: "a", 1: "a", 2: "b", 3: "b"}, 1) == (True, "ranks differ: rank 0 a, rank 1 a, rank 2 b, rank 3 b")
-    assert check.compare({0: "a", 1: "a", 2: "b", 3: "c"}, 3) == (True, "rank 3 has c; ranks 0, 1 have a")
-    assert check.compare({0: "a", 1: "a"}, 1) == (False, "same on all ranks")
-    assert check.compare({0: "a"}, 0) == (False, "")
+    assert drift.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 2) == (True, "rank 2 has b; ranks 0, 1, 3 have a")
+    assert drift.compare({0: "a", 1: "a", 2: "b", 3: "a"}, 0) == (False, "same on ranks 0, 1, 3 (rank 2 differ)")
+    assert drift.compare({0: "a", 1: "b"}, 0) == (True, "ranks differ: rank 0 a, rank 1 b")
+    assert drift.compare({0: "a", 1: "a", 2: "b", 3: "b"}, 1) == (True, "ranks differ: rank 0 a, rank 1 a, rank 2 b, rank 3 b")
+    assert drift.compare({0: "a", 1: "a", 2: "b", 3: "c"}, 3) == (True, "rank 3 has c; ranks 0, 1 have a")
+    assert drift.compare({0: "a", 1: "a"}, 1) == (False, "same on all ranks")
+    assert drift.compare({0: "a"}, 0) == (False, "")
 
 
 DRIVER_FIX = ("install the same NVIDIA driver on every rank (DGX OS: `sudo apt update && sudo apt full-upgrade` "
@@ -635,7 +636,7 @@ def test_healthy_sandbox(sandbox, loaded):
     """Everything a sandbox can pass passes; the honest exceptions are listed in the docstring."""
     for name in sandbox.names:  # the state `prep` leaves; another test may have changed it
         sandbox.run(name, "sudo sysctl -q -w vm.swappiness=1 vm.compaction_proactiveness=0")
-    report = check.run(loaded, image=sandbox.images["vllm"])
+    report = preflight.run(loaded, image=sandbox.images["vllm"])
     s = statuses(report)
     for name in ("ssh", "docker", "image", "gpu", "kernel", "memory", "vllm guard", "free while serving", "swap",
                  "sysctls", "link", "cx7 firmware",
@@ -670,7 +671,7 @@ def test_a_cut_cable_fails_both_ends(sandbox, loaded):
 
     cluster.cut_cable(0, sandbox.state_dir)
     try:
-        report = check.run(loaded, image=sandbox.images["vllm"])
+        report = preflight.run(loaded, image=sandbox.images["vllm"])
         assert not report.ok
         for r, far in ((0, "rank 1 192.168.177.2"), (1, "rank 0 192.168.177.1")):
             for name in ("peers", "jumbo"):
@@ -682,7 +683,7 @@ def test_a_cut_cable_fails_both_ends(sandbox, loaded):
         assert row(report, 0, "link").status == "fail" and "down" in row(report, 0, "link").value
     finally:
         assert cluster.mend_cables(sandbox.state_dir) == [0]
-    assert row(check.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "pass"
+    assert row(preflight.run(loaded, image=sandbox.images["vllm"]), 0, "peers").status == "pass"
 
 
 def test_cx7_firmware_drift_on_one_rank_is_named(sandbox, loaded):
@@ -696,7 +697,7 @@ def test_cx7_firmware_drift_on_one_rank_is_named(sandbox, loaded):
     try:
         for path in files:
             path.write_text("28.39.1002\n")
-        report = check.run(loaded, image=sandbox.images["vllm"])
+        report = preflight.run(loaded, image=sandbox.images["vllm"])
         assert row(report, 2, "cx7 firmware") == check.Row(
             "cx7 firmware", "fail", f"fw 28.39.1002: rank 2 has 28.39.1002; ranks 0, 1, 3 have {sfabric.FW_VER}",
             "flash the same ConnectX-7 firmware on every rank (`sudo mlxfwmanager --online -u`, or the DGX OS "
@@ -706,7 +707,7 @@ def test_cx7_firmware_drift_on_one_rank_is_named(sandbox, loaded):
     finally:
         for path in files:
             path.write_text(sfabric.FW_VER + "\n")
-    assert row(check.run(loaded, image=sandbox.images["vllm"]), 2, "cx7 firmware").status == "pass"
+    assert row(preflight.run(loaded, image=sandbox.images["vllm"]), 2, "cx7 firmware").status == "pass"
 
 
 def test_a_rank_serving_another_image_is_named(sandbox, loaded):
@@ -722,7 +723,7 @@ def test_a_rank_serving_another_image_is_named(sandbox, loaded):
         assert rc == 0, out
         ids = {name: sandbox.run(name, f"docker image inspect -f '{{{{.Id}}}}' {tag}")[1].strip()
                for name in sandbox.names}
-        report = check.run(loaded, image=tag)
+        report = preflight.run(loaded, image=tag)
         mine, theirs = ids["spark4"].removeprefix("sha256:")[:12], ids["spark1"].removeprefix("sha256:")[:12]
         assert mine != theirs
         assert row(report, 3, "image").value == f"{tag} {mine}: rank 3 has {mine}; ranks 0, 1, 2 have {theirs}"
@@ -738,7 +739,7 @@ def test_image_missing_on_one_rank_is_named(sandbox, loaded):
     try:
         for name in sandbox.names[:3]:
             assert sandbox.run(name, f"docker tag {base} {tag}")[0] == 0
-        report = check.run(loaded, image=tag)
+        report = preflight.run(loaded, image=tag)
         assert [row(report, r, "image").status for r in range(4)] == ["pass", "pass", "pass", "fail"]
         assert row(report, 3, "image").value == f"{tag} missing on rank 3 (spark4)"
         assert not report.ok

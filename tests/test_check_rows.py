@@ -4,7 +4,7 @@ rank named in the table, and `check`'s exit code (0: nothing failed, 1: a row fa
 The facts come from the real formats: a probe's output (the real probe run here on a sandbox
 rank's fixture tree) with one part replaced by a tests/facts_cases raw part, parsed by the real
 `facts.parse_facts`, so each row sees the `problems` line a rank really gives. The CLI is then
-run on those facts (check.run returns their report instead of probing the ranks): its table, its
+run on those facts (preflight.run returns their report instead of probing the ranks): its table, its
 lines per non-pass row, its exit code. One test puts real sandbox ranks in such states.
 """
 
@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from local_probe import sandbox_rank_raw
 from test_check import fabric_facts, inputs, row, sandbox_cluster, sandbox_config, with_container  # noqa: F401
-from launcher.check import check
+from launcher.check import preflight, report as check
 from launcher.facts import facts
 from launcher.cli.commands import main
 from launcher.facts.facts import Clock, Docker
@@ -51,7 +51,7 @@ def probed(raw: dict, *, commands: dict | None = None, **parts) -> facts.Facts:
 
 def cli_check(monkeypatch, inp):
     """`sparkstack check` on these facts: its output and exit code."""
-    monkeypatch.setattr(check, "run", lambda loaded, **kw: check.evaluate(inp))
+    monkeypatch.setattr(preflight, "run", lambda loaded, **kw: check.evaluate(inp))
     result = CliRunner().invoke(main, ["check", "-c", str(inp.loaded.path)])
     assert "Traceback" not in result.output, result.output
     return result
@@ -370,3 +370,29 @@ def test_swap_sysctl_and_an_unmounted_checkpoint_on_real_ranks(sandbox, tmp_path
         for n, (swappiness, compaction) in before.items():
             sandbox.run(n, f"sudo sysctl -q -w vm.swappiness={swappiness} vm.compaction_proactiveness={compaction}")
     assert sandbox.run("spark4", f"ls {MODEL}")[1].strip(), "the checkpoint is back on spark4"
+
+
+def test_a_row_is_one_declaration_found_by_the_folder(sandbox_config, fabric_facts):
+    """Every module of launcher/check/rows/ declares its rows (name, order, the facts read), and
+    the report shows them in their declared order; a row declared anywhere (as a new module there
+    would) is judged on every reached rank at its place, with nothing else to touch."""
+    from launcher.check import rows
+    from launcher.status import Status
+
+    names = [d.name for d in rows.declared()]
+    assert tuple(n for n in names if n != "staged") == check.ORDER and check.SHOWN[:len(names)] == tuple(names)
+    assert all(d.reads for d in rows.declared())
+
+    @rows.row("toy", order=255, reads=("kernel",))  # between clock (250) and api key (260)
+    def _check_toy(inp, r, f, rr):
+        rr.add("toy", Status.PASS, f"kernel {f.kernel}")
+
+    try:
+        report = check.evaluate(inputs(sandbox_config, fabric_facts))
+        shown = [c.name for c in report.ranks[0].checks]
+        assert shown[-3:] == ["clock", "toy", "api key"], shown
+        assert [c.name for c in report.ranks[1].checks][-2:] == ["clock", "toy"]  # api key: rank 0's
+    finally:
+        del rows._DECLARED["toy"]
+    with pytest.raises(ValueError, match="order 250 is 'clock'"):
+        rows.row("another", order=250, reads=("clock",))(lambda *a: None)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from local_probe import sandbox_rank_facts, sandbox_rank_raw
-from launcher.check import check
+from launcher.check import report as check
 from planned import build_plan
 from launcher.facts import facts
 from launcher.gather import extras, here, probe as gather

@@ -3,7 +3,7 @@ the route to the NFS server, that interface's speed, the `check` row, `up`'s wai
 
 import dataclasses
 
-from launcher.check import check
+from launcher.check import report as check
 from planned import build_plan
 from launcher.facts import load_path
 from launcher.facts.facts import Checkpoint, Interface, Mount, parse_routes, route_to

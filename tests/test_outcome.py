@@ -10,7 +10,7 @@ from dataclasses import asdict
 import pytest
 
 from launcher.apply import prep
-from launcher.check.check import Row
+from launcher.check.rows.case import Row
 from launcher.errors import SparkstackError
 from launcher.images.ship import RankShip
 from launcher.status import Status

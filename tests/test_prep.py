@@ -331,7 +331,7 @@ def test_gpu_clock_on_ranks_without_a_driver_fails_each_rank_with_the_cause(sand
     """gpu_clock asked of the sandbox's ranks, which have no NVIDIA driver: `prep` fails every
     rank naming the cause (nvidia-smi not there), changes nothing else, and `check`'s gpu clock
     row fails: the lock is not applied."""
-    from launcher.check import check
+    from launcher.check import preflight
 
     doc = yaml.safe_load(Path(sandbox.config).read_text())
     doc["gpu_clock"] = {"lock_mhz": 2000}
@@ -344,6 +344,6 @@ def test_gpu_clock_on_ranks_without_a_driver_fails_each_rank_with_the_cause(sand
     ranks = doc["ranks"]
     assert [r["failed"] for r in ranks] == [["gpu clock 2000,2000 MHz: nvidia-smi not found: no NVIDIA "
                                              "driver on this rank"]] * 4
-    report = check.run(config.load(cfg), image=sandbox.images["vllm"])
+    report = preflight.run(config.load(cfg), image=sandbox.images["vllm"])
     got = next(c for c in report.ranks[1].checks if c.name == "gpu clock")
     assert (got.status, got.value) == ("fail", "gpu_clock asks 2000,2000 MHz, the rank has no lock recorded")

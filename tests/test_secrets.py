@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from launcher.transport import api
 from launcher.inputs import apikey, config
 from launcher.bench import run as bench
-from launcher.check import check
+from launcher.check import report as check
 from planned import build_plan
 from launcher import redact
 from launcher.apply import serve

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import load_progress, memguard, prep, serve
-from ..check import check
+from ..check.report import evaluate, refuse
 from ..errors import Interrupted, SparkstackError
 from ..gather import cluster, here
 from ..images import build, local_docker, ship
@@ -117,7 +117,7 @@ def preflight(loaded: Loaded, group: Group, image: str | None = None) -> plannin
     started (the image row aside: `up` builds and ships after this); else the plan."""
     gathered = cluster.gather(loaded, group, image)
     the_plan, refused = _plan(loaded, gathered)
-    check.refuse(check.evaluate(gathered))
+    refuse(evaluate(gathered))
     if refused:
         raise refused
     return the_plan

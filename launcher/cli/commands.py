@@ -830,7 +830,7 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth, deep):
     Exit 0 when nothing fails, 1 otherwise. --json prints
     {"ok", "ranks": [{"rank", "host", "checks": [{"name", "status", "value", "fix"}]}]}.
     """
-    from ..check import check as check_mod
+    from ..check import preflight as check_mod
 
     report = check_mod.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth, deep=deep,  # say: a key it trusts
                            say=lambda line: err.print(line, markup=False, highlight=False))

@@ -161,7 +161,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
             default=True, err=True))):
         result["ship"] = _ship(output)
     if not (dry_run or no_check):
-        from ..check import check as check_mod
+        from ..check import preflight as check_mod
         from ..inputs import config as config_mod
         from .commands import _print_check
 
