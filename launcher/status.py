@@ -1,5 +1,6 @@
 """THE status vocabulary: what every command reports for a check row, a rank's part of an action
-or a whole run, one enum instead of a set of strings per module.
+or a whole run, one enum instead of a set of strings per module; and THE verdict type, `Finding`
+(a check row, a fabric finding, a bandwidth or a hashes result alike).
 
 A `StrEnum`: each member is its plain string (`Status.PASS == "pass"`, `json.dumps` and f-strings
 give "pass"), so JSON output and comparisons with strings read back from it stay as they were.
@@ -9,6 +10,7 @@ transport/; the per-rank result that goes with it is launcher.transport.outcome.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -27,3 +29,14 @@ class Status(StrEnum):
     RUNNING = "running"
     COMPLETE = "complete"
     INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One verdict: what was judged (a check row's name), pass / warn / fail, the measured value,
+    and for a non-pass the fix in one line. `check --json` writes each as these four fields."""
+
+    name: str
+    status: Status
+    value: str
+    fix: str = ""

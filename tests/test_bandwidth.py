@@ -29,7 +29,7 @@ from launcher.check import bandwidth, preflight, report as check
 from planned import build_plan
 from launcher.inputs import config
 from launcher.facts import facts
-from launcher.status import Status
+from launcher.status import Finding, Status
 from launcher.check.bandwidth import Outcome, outcome
 from launcher.cli.commands import main
 
@@ -351,7 +351,7 @@ def test_preconditions(ring):
                                                                 (image,) if r != 3 else ()))
                   for r, f in ring.facts.items()}
     missing = bandwidth.preconditions(loaded, IMAGE, with_image, None)
-    assert missing[0] == bandwidth.Finding(0, Status.WARN, f"not measured: {IMAGE} missing on rank 3", "sparkstack ship")
+    assert missing[0] == Finding("bandwidth", Status.WARN, f"not measured: {IMAGE} missing on rank 3", "sparkstack ship")
     with_image[3] = with_image[0]
     assert bandwidth.preconditions(loaded, IMAGE, with_image, None) is None
 

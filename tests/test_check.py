@@ -40,6 +40,7 @@ from launcher.cli.commands import main
 from launcher.apply import deploy
 from launcher.facts.facts import (CdiSpec, Checkpoint, Clock, Docker, DockerUlimits, Driver, Gid, Gpu, GpuClocks, Image,
                                   Limit, Memory, Mount, NcclLib, Ulimits)
+from launcher.status import Finding
 
 GIB = 1 << 30
 IMAGE = "sparkstack/keys:0123456789abcdef"
@@ -135,7 +136,7 @@ def with_cluster(loaded, **kw):
     return loaded.model_copy(update={"cluster": loaded.cluster.model_copy(update=kw)})
 
 
-def row(report: check.Report, rank: int, name: str) -> check.Row:
+def row(report: check.Report, rank: int, name: str) -> Finding:
     return next(c for c in report.ranks[rank].checks if c.name == name)
 
 
@@ -189,7 +190,7 @@ def test_page_cache_and_a_lagging_rank_warn(sandbox_config, fabric_facts):
 def test_vllm_guard_passes_with_the_arithmetic(sandbox_config, fabric_facts):
     report = check.evaluate(inputs(sandbox_config, fabric_facts))
     # the healthy facts: MemAvailable 118 GiB less 0.1 GiB per rank; rank 3 is the tightest
-    assert row(report, 3, "vllm guard") == check.Row("vllm guard", "pass", (
+    assert row(report, 3, "vllm guard") == Finding("vllm guard", "pass", (
         "--gpu-memory-utilization 0.83 (planned): free 103.7 GiB (MemAvailable 117.7 − runtime "
         "14.0) ≥ MemTotal 121.7 GiB × 0.83 = 101.0 GiB; clears up to 0.83 with margin 0.02"))
     assert row(report, 0, "vllm guard").value.startswith("--gpu-memory-utilization 0.83 (planned): "
@@ -244,7 +245,7 @@ def test_image_missing_or_different_fails_naming_the_rank(sandbox_config, fabric
                    (Image("sha256:" + "cd" * 32, (IMAGE,), {}, 1),))
     empty = dataclasses.replace(other, images=())
     report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"docker": other}, 2: {"docker": empty}}))
-    assert row(report, 1, "image") == check.Row(
+    assert row(report, 1, "image") == Finding(
         "image", "fail", f"{IMAGE} cdcdcdcdcdcd: rank 1 has cdcdcdcdcdcd; ranks 0, 3 have abababababab",
         "sparkstack ship (a rank is re-tagged only once its image ID matches)")
     assert row(report, 2, "image").value == f"{IMAGE} missing on rank 2 (spark3)"
@@ -389,7 +390,7 @@ def nccl_lib(version="2.30.7+cuda13.0", size=251_234_112, present=True):
 
 def test_nccl_row_without_a_host_build(sandbox_config, fabric_facts):
     report = check.evaluate(inputs(sandbox_config, fabric_facts))
-    assert row(report, 0, "nccl") == check.Row("nccl", "pass", "the image's own (nccl.host_lib not set)")
+    assert row(report, 0, "nccl") == Finding("nccl", "pass", "the image's own (nccl.host_lib not set)")
 
 
 @pytest.mark.parametrize("odd, status, text", [
@@ -434,10 +435,10 @@ DRIVER_FIX = ("install the same NVIDIA driver on every rank (DGX OS: `sudo apt u
 def test_driver_drift_fails_the_odd_rank_naming_the_others_driver(sandbox_config, fabric_facts):
     old = Driver("580.82.09", "13.0", "580.82.09")
     report = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"driver": old}}))
-    assert row(report, 1, "driver") == check.Row(
+    assert row(report, 1, "driver") == Finding(
         "driver", "fail", "580.82.09 (CUDA 13.0): rank 1 has 580.82.09 (CUDA 13.0); ranks 0, 2, 3 have 580.95.05 (CUDA 13.0)",
         DRIVER_FIX)
-    assert row(report, 0, "driver") == check.Row("driver", "pass", "580.95.05 (CUDA 13.0), same on ranks 0, 2, 3 (rank 1 differ)")
+    assert row(report, 0, "driver") == Finding("driver", "pass", "580.95.05 (CUDA 13.0), same on ranks 0, 2, 3 (rank 1 differ)")
     assert not report.ok
 
 
@@ -455,7 +456,7 @@ def test_cuda_version_alone_drifting_in_a_tie_fails_every_rank_listing_each_valu
 def test_driver_upgraded_without_a_reboot_fails_that_rank(sandbox_config, fabric_facts):
     stale = Driver("580.95.05", "13.0", "580.82.09")
     got = row(check.evaluate(inputs(sandbox_config, fabric_facts, {3: {"driver": stale}})), 3, "driver")
-    assert got == check.Row("driver", "fail", "the loaded kernel module is 580.82.09, its library 580.95.05 "
+    assert got == Finding("driver", "fail", "the loaded kernel module is 580.82.09, its library 580.95.05 "
                             "(Driver/library version mismatch)",
                             "reboot this rank: the driver was upgraded and the old module is still loaded")
 
@@ -474,7 +475,7 @@ def test_no_driver_is_not_measured_not_passed(sandbox_config, fabric_facts):
 def test_a_stale_cdi_spec_fails_that_rank_with_the_regenerate_fix(sandbox_config, fabric_facts):
     stale = (CdiSpec("/etc/cdi/nvidia.yaml", "570.133.20"),)
     report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"cdi_specs": stale}}))
-    assert row(report, 2, "nvidia runtime") == check.Row(
+    assert row(report, 2, "nvidia runtime") == Finding(
         "nvidia runtime", "fail", "stale CDI spec: /etc/cdi/nvidia.yaml names driver 570.133.20, the rank runs 580.95.05",
         "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
     assert row(report, 0, "nvidia runtime").status == "pass"
@@ -509,7 +510,7 @@ def test_cx7_firmware_drift_fails_the_odd_rank(sandbox_config, fabric_facts):
     got = row(report, 2, "cx7 firmware")
     assert got.status == "fail" and got.value == "fw 28.39.1002: rank 2 has 28.39.1002; ranks 0, 1, 3 have 28.45.1020"
     assert "ConnectX-7 firmware" in got.fix
-    assert row(report, 0, "cx7 firmware") == check.Row("cx7 firmware", "pass", "fw 28.45.1020, same on ranks 0, 1, 3 (rank 2 differ)")
+    assert row(report, 0, "cx7 firmware") == Finding("cx7 firmware", "pass", "fw 28.45.1020, same on ranks 0, 1, 3 (rank 2 differ)")
     unread = check.evaluate(inputs(sandbox_config, fabric_facts, {1: {"rdma": with_fw(fabric_facts[1], None)}}))
     assert row(unread, 1, "cx7 firmware").status == "warn" and "not measured" in row(unread, 1, "cx7 firmware").value
 
@@ -517,7 +518,7 @@ def test_cx7_firmware_drift_fails_the_odd_rank(sandbox_config, fabric_facts):
 def test_gpu_clock_asked_but_not_applied_fails_with_prep_as_the_fix(tmp_path, fabric_facts):
     loaded = sandbox_cluster(tmp_path, gpu_clock={"max_mhz": 2400})
     report = check.evaluate(inputs(loaded, fabric_facts, {1: {"gpu_clocks": GpuClocks(2405, 3003, (0, 2400))}}))
-    assert row(report, 1, "gpu clock") == check.Row("gpu clock", "pass", "locked 0,2400 MHz (gpu_clock); now 2405 of max 3003 MHz")
+    assert row(report, 1, "gpu clock") == Finding("gpu clock", "pass", "locked 0,2400 MHz (gpu_clock); now 2405 of max 3003 MHz")
     assert row(report, 0, "gpu clock").status == "fail"
     assert row(report, 0, "gpu clock").value == "gpu_clock asks 0,2400 MHz, the rank has no lock recorded (now 208 of max 3003 MHz)"
     assert row(report, 0, "gpu clock").fix.startswith("sparkstack prep")
@@ -525,9 +526,9 @@ def test_gpu_clock_asked_but_not_applied_fails_with_prep_as_the_fix(tmp_path, fa
 
 def test_gpu_clock_left_locked_after_the_setting_went_warns(sandbox_config, fabric_facts):
     report = check.evaluate(inputs(sandbox_config, fabric_facts, {2: {"gpu_clocks": GpuClocks(2000, 3003, (2000, 2000))}}))
-    assert row(report, 2, "gpu clock") == check.Row("gpu clock", "warn", "locked 2000,2000 MHz by an earlier prep, but "
+    assert row(report, 2, "gpu clock") == Finding("gpu clock", "warn", "locked 2000,2000 MHz by an earlier prep, but "
                                                     "gpu_clock is unset", "sparkstack prep resets it (nvidia-smi -rgc)")
-    assert row(report, 0, "gpu clock") == check.Row("gpu clock", "pass", "the driver's (no lock); now 208 of max 3003 MHz")
+    assert row(report, 0, "gpu clock") == Finding("gpu clock", "pass", "the driver's (no lock); now 208 of max 3003 MHz")
 
 
 def test_extras_invocation_and_parse():
@@ -617,7 +618,7 @@ def test_unreachable_rank_is_one_failed_ssh_row(sandbox_config, fabric_facts):
     inp = inputs(sandbox_config, fabric_facts)
     inp.ranks[3] = gather.RankFacts(3, "spark4", None, "rank 3 (spark4): unreachable (connection refused)", 0.01)
     report = check.evaluate(inp)
-    assert report.ranks[3].checks == [check.Row("ssh", "fail", "rank 3 (spark4): unreachable (connection refused)",
+    assert report.ranks[3].checks == [Finding("ssh", "fail", "rank 3 (spark4): unreachable (connection refused)",
                                                 "check the rank is up and `ssh -p 22 spark@172.31.240.14` works")]
     assert not report.ok
     assert set(report.to_json()) == {"ok", "ranks"}
@@ -698,7 +699,7 @@ def test_cx7_firmware_drift_on_one_rank_is_named(sandbox, loaded):
         for path in files:
             path.write_text("28.39.1002\n")
         report = preflight.run(loaded, image=sandbox.images["vllm"])
-        assert row(report, 2, "cx7 firmware") == check.Row(
+        assert row(report, 2, "cx7 firmware") == Finding(
             "cx7 firmware", "fail", f"fw 28.39.1002: rank 2 has 28.39.1002; ranks 0, 1, 3 have {sfabric.FW_VER}",
             "flash the same ConnectX-7 firmware on every rank (`sudo mlxfwmanager --online -u`, or the DGX OS "
             "update that carries it), then reboot it")

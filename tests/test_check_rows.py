@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from local_probe import sandbox_rank_raw
 from test_check import fabric_facts, inputs, row, sandbox_cluster, sandbox_config, with_container  # noqa: F401
 from launcher.check import preflight, report as check
+from launcher.status import Finding
 from launcher.facts import facts
 from launcher.cli.commands import main
 from launcher.facts.facts import Clock, Docker
@@ -96,10 +97,10 @@ def test_docker_missing_or_not_running_fails_naming_the_rank(monkeypatch, sandbo
     f = probed(probe_raw, commands=commands, docker_api=api)
     inp = inputs(sandbox_config, fabric_facts, {2: {"docker": f.docker, "problems": f.problems}})
     report = check.evaluate(inp)
-    assert row(report, 2, "docker") == check.Row("docker", "fail", value, fix)
+    assert row(report, 2, "docker") == Finding("docker", "fail", value, fix)
     assert row(report, 2, "image").value.endswith(": cannot ask (no Docker)")
     if f.docker is None:  # no CLI, no socket: nothing says where its storage is
-        assert row(report, 2, "disk") == check.Row("disk", "warn", "Docker's storage not readable",
+        assert row(report, 2, "disk") == Finding("disk", "warn", "Docker's storage not readable",
                                                    "fix the docker row first")
     assert {row(report, r, "docker").status for r in (0, 1, 3)} == {"pass"}
     result = cli_check(monkeypatch, inp)
@@ -240,7 +241,7 @@ def test_wrong_and_absent_sysctls_warn_with_prep_as_the_fix(monkeypatch, tmp_pat
         inp.ranks[r].facts.sysctls["vm.not_in_this_kernel"] = "1"
     value = ("vm.compaction_proactiveness=20 (want 0), vm.not_in_this_kernel=absent (want 1), "
              "vm.swappiness=60 (want 1)")
-    assert row(check.evaluate(inp), 3, "sysctls") == check.Row(
+    assert row(check.evaluate(inp), 3, "sysctls") == Finding(
         "sysctls", "warn", value, "sparkstack prep (and the Ansible role for after reboots)")
     result = cli_check(monkeypatch, inp)
     assert result.exit_code == 0, result.output
@@ -259,7 +260,7 @@ def test_checkpoint_dir_missing_fails_with_the_mount_as_the_fix(monkeypatch, san
     inp = inputs(sandbox_config, fabric_facts, {1: {"checkpoint": f.checkpoint, "problems": f.problems}})
     value = f"checkpoint {MODEL}: FileNotFoundError: No such file or directory"
     fix = f"mount the checkpoint at {MODEL} on every rank (sparkstack prep)"
-    assert row(check.evaluate(inp), 1, "checkpoint") == check.Row("checkpoint", "fail", value, fix)
+    assert row(check.evaluate(inp), 1, "checkpoint") == Finding("checkpoint", "fail", value, fix)
     result = cli_check(monkeypatch, inp)
     assert result.exit_code == 1
     assert table_cells(result, "checkpoint") == ["pass", "FAIL", "pass", "pass"]
@@ -287,7 +288,7 @@ def test_too_little_disk_fails_or_warns(monkeypatch, sandbox_config, fabric_fact
     """spark4's Docker storage: less free than the image it lacks fails; less than 20 GiB
     beyond that warns."""
     inp = inputs(sandbox_config, fabric_facts, {3: {"docker": docker_with(free, has_image)}})
-    assert row(check.evaluate(inp), 3, "disk") == check.Row("disk", status, value, fix)
+    assert row(check.evaluate(inp), 3, "disk") == Finding("disk", status, value, fix)
     result = cli_check(monkeypatch, inp)
     assert result.exit_code == code, result.output
     assert table_cells(result, "disk") == ["pass", "pass", "pass", "FAIL" if status == "fail" else "WARN"]
@@ -302,7 +303,7 @@ def test_clock_not_measured_warns(monkeypatch, sandbox_config, fabric_facts):
     late = Clock(1003.0, 1003.1, 1000.0, 1000.1)
     inp = inputs(sandbox_config, fabric_facts, {0: {"clock": unstamped}})
     report = check.evaluate(inp)
-    assert row(report, 0, "clock") == check.Row("clock", "warn", "not measured", "re-run check")
+    assert row(report, 0, "clock") == Finding("clock", "warn", "not measured", "re-run check")
     assert [row(report, r, "clock").status for r in (1, 2, 3)] == ["pass"] * 3
     result = cli_check(monkeypatch, inp)
     assert result.exit_code == 0, result.output

@@ -10,10 +10,9 @@ from dataclasses import asdict
 import pytest
 
 from launcher.apply import prep
-from launcher.check.rows.case import Row
 from launcher.errors import SparkstackError
 from launcher.images.ship import RankShip
-from launcher.status import Status
+from launcher.status import Finding, Status
 from launcher.gather import probe as gather
 from launcher.transport import remote
 from launcher.transport.outcome import RankOutcome
@@ -35,7 +34,7 @@ def test_every_status_is_its_old_string_in_json_text_and_comparisons():
 def test_records_serialise_as_before():
     ship = RankShip(1, "10.0.0.2", ["img"], Status.UP_TO_DATE)
     assert json.dumps(ship.to_json()) == json.dumps({**asdict(ship), "status": "up-to-date"})
-    assert json.dumps(asdict(Row("gpu", Status.FAIL, "none", "fix"))) == \
+    assert json.dumps(asdict(Finding("gpu", Status.FAIL, "none", "fix"))) == \
         '{"name": "gpu", "status": "fail", "value": "none", "fix": "fix"}'
 
 

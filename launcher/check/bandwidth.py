@@ -35,7 +35,7 @@ from .. import onrank
 from ..facts.facts import Facts
 from ..inputs.config import Loaded
 from ..plan import plan as plan_mod
-from ..status import Status
+from ..status import Finding, Status
 
 # The bus bandwidth (nccl-tests' busbw, GB/s = 1e9 B/s) a healthy 4-Spark fabric should show for
 # a 256 MiB all-reduce. AN ESTIMATE, NOT A MEASUREMENT: the seeds (/work/shared/seeds/*.txt)
@@ -43,6 +43,7 @@ from ..status import Status
 # port is two PCIe Gen5 x4 "twins", hence NCCL_IB_HCA naming both); NCCL over RoCE reaches about
 # 80% of line rate at large messages, so ~20 GB/s on one port per rank (switch); a ring that
 # drives both ports may show more, which passes. Replace it with a measured figure once one exists.
+NAME = "bandwidth"  # the row's name (`check --bandwidth`)
 EXPECTED_BUSBW_GBPS = 20.0
 TOLERANCE = 0.75  # pass at >= 15 GB/s; below that something is wrong (sockets not RDMA, 100G, ...)
 
@@ -180,14 +181,6 @@ def outcome(rank: int, exit_status: int | None, stdout: str, stderr: str = "",
 
 # --- the judgement (pure) ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Finding:
-    rank: int
-    status: Status
-    value: str
-    fix: str = ""
-
-
 def _size(n: int) -> str:
     return f"{n >> 30} GiB" if n >= 1 << 30 and n % (1 << 30) == 0 else \
         f"{n >> 20} MiB" if n % (1 << 20) == 0 else f"{n} B"
@@ -238,25 +231,25 @@ def judge(outcomes: dict[int, Outcome], *, image: str, master: str, port: int = 
                      f"NCCL {m.get('nccl_version')}; expected >= {floor:.1f} GB/s "
                      f"({expected:g} x {tolerance:g}){extra}")
             if m.get("correct") is not True:  # the script reports a wrong sum as an error
-                found[r] = Finding(r, Status.FAIL, "sum not verified: " + shown, NCCL_FIX)
+                found[r] = Finding(NAME, Status.FAIL, "sum not verified: " + shown, NCCL_FIX)
             elif busbw >= floor:
-                found[r] = Finding(r, Status.PASS, shown)
+                found[r] = Finding(NAME, Status.PASS, shown)
             else:
-                found[r] = Finding(r, Status.WARN, shown.replace("; expected >=", "; below the expected"), SLOW_FIX)
+                found[r] = Finding(NAME, Status.WARN, shown.replace("; expected >=", "; below the expected"), SLOW_FIX)
             continue
         if o.kind == "waiting" and any(c.rank != r for c in causes):
             cause = next(c for c in causes if c.rank != r)
             status, value, fix = _own(cause, image, master, port)
             value = value.removeprefix("not measured: ")
-            found[r] = Finding(r, status, f"not measured: rank {cause.rank} could not take part: {value}", fix)
+            found[r] = Finding(NAME, status, f"not measured: rank {cause.rank} could not take part: {value}", fix)
             continue
         status, value, fix = _own(o, image, master, port)
-        found[r] = Finding(r, status, value, fix)
+        found[r] = Finding(NAME, status, value, fix)
     return found
 
 
 def not_measured(ranks, why: str, fix: str) -> dict[int, Finding]:
-    return {r: Finding(r, Status.WARN, f"not measured: {why}", fix) for r in ranks}
+    return {r: Finding(NAME, Status.WARN, f"not measured: {why}", fix) for r in ranks}
 
 
 def preconditions(loaded: Loaded, image: str | None, facts: dict[int, Facts],

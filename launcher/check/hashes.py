@@ -19,18 +19,12 @@ from pathlib import Path
 from ..facts.facts import Facts, parse_checkpoint
 from ..inputs import apikey
 from ..inputs.config import Loaded
-from ..status import Status
+from ..status import Finding, Status
 from ..transport.remote import Connection, Group
 
 HASH_TIMEOUT_S = 3 * 3600  # 300 GB over a 10G port is ~5 min; a slow disk, much longer
 EXTRA_FILES = ("config.json", "model.safetensors.index.json")
-
-
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    value: str
-    fix: str = ""
+NAME = "hashes"  # the row's name (`check --deep`)
 
 
 def files(f: Facts) -> list[str]:
@@ -125,18 +119,18 @@ def _judge(r: int, f: Facts, got: dict[str, str], why: str, path: str, majority:
     names = files(f)
     unread = [n for n in names if n not in got]
     if unread:
-        return Finding(Status.FAIL, f"rank {r}: {unread[0]} in {path} could not be read ({why or 'no hash'})"
+        return Finding(NAME, Status.FAIL, f"rank {r}: {unread[0]} in {path} could not be read ({why or 'no hash'})"
                        + (f", {len(unread) - 1} more" if len(unread) > 1 else ""),
                        "copy the file again: `sparkstack stage`" if local else
                        "copy the file again (or remount the checkpoint: `sparkstack prep`)")
     bad = [n for n in names if against.get(n) and got[n] != against[n]]
     if bad:
-        return Finding(Status.FAIL, f"rank {r}: {bad[0]} differs from {what} (sha256 {got[bad[0]][:12]}, "
+        return Finding(NAME, Status.FAIL, f"rank {r}: {bad[0]} differs from {what} (sha256 {got[bad[0]][:12]}, "
                        f"expected {against[bad[0]][:12]})" + (f", {len(bad) - 1} more" if len(bad) > 1 else ""),
                        f"on this rank `rm {path}/{bad[0]}`, then `sparkstack stage` copies it again" if local
                        else f"copy {bad[0]} to this rank's {path} again from a good copy")
     note = "" if manifest else " (no manifest: `sparkstack manifest` makes one)"
-    return Finding(Status.PASS if manifest else Status.WARN,
+    return Finding(NAME, Status.PASS if manifest else Status.WARN,
                    f"{len(names)} files match {what}{note}",
                    "" if manifest else "run `sparkstack manifest` once to have a reference")
 

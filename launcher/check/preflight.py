@@ -25,7 +25,7 @@ def add_bandwidth(report: Report, inp: Gathered, group) -> None:
     for rr in report.ranks:
         if rr.rank in found:
             f = found[rr.rank]
-            rr.add("bandwidth", f.status, f.value, f.fix)
+            rr.add(f.name, f.status, f.value, f.fix)
 
 
 def add_hashes(report: Report, inp: Gathered, group) -> None:
@@ -36,7 +36,7 @@ def add_hashes(report: Report, inp: Gathered, group) -> None:
     for rr in report.ranks:
         if rr.rank in found:
             f = found[rr.rank]
-            rr.add("hashes", f.status, f.value, f.fix)
+            rr.add(f.name, f.status, f.value, f.fix)
 
 
 def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None,

@@ -22,7 +22,7 @@ from ..errors import SparkstackError
 from ..gather.value import Gathered
 from ..status import Status
 from .rows import declared
-from .rows.case import Case, RankReport, Row
+from .rows.case import Case, RankReport
 
 ORDER = tuple(d.name for d in declared() if not d.sometimes)  # the rows of every rank reached (api key: rank 0's)
 OPTIONAL = ("bandwidth", "hashes")  # rows only on request, after the declared: `check --bandwidth`, `--deep`

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, ip_address, ip_interface
 
 from ..errors import SparkstackError
-from ..status import Status
+from ..status import Finding, Status
 from .facts import Facts, Gid, Interface, RdmaDevice, RdmaPort
 
 MIN_SPEED = 200000  # Mb/s, a 200G QSFP link as /sys/class/net/<if>/speed reports it
@@ -65,14 +65,6 @@ class FabricError(SparkstackError):
         lines = [f"{rank}: {f.name}: {f.value}" + (f" -- fix: {f.fix}" if f.fix else "") for f in failures]
         super().__init__("\n".join(lines))
         self.failures = tuple(failures)
-
-
-@dataclass(frozen=True)
-class Finding:
-    name: str
-    status: Status  # as `check --json` reports it
-    value: str
-    fix: str = ""
 
 
 @dataclass(frozen=True)

@@ -13,25 +13,17 @@ from ...gather.value import Gathered
 from ...inputs import vllm_guard
 from ...plan import plan as planning
 from ...plan.plan import MemoryNeed, memory_guard, rank_memory
-from ...status import Status
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str
-    status: Status
-    value: str
-    fix: str = ""
+from ...status import Finding, Status
 
 
 @dataclass
 class RankReport:
     rank: int
     host: str
-    checks: list[Row] = field(default_factory=list)
+    checks: list[Finding] = field(default_factory=list)
 
     def add(self, name: str, status: Status, value: str, fix: str = "") -> None:
-        self.checks.append(Row(name, status, value, fix if status != Status.PASS else ""))
+        self.checks.append(Finding(name, status, value, fix if status != Status.PASS else ""))
 
 
 class Case:
