@@ -117,7 +117,7 @@ def preflight(loaded: Loaded, group: Group, image: str | None = None) -> plannin
     started (the image row aside: `up` builds and ships after this); else the plan."""
     gathered = cluster.gather(loaded, group, image)
     the_plan, refused = _plan(loaded, gathered)
-    refuse(evaluate(gathered))
+    refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:
         raise refused
     return the_plan

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import SparkstackError
 from ..gather.value import Gathered
+from ..plan.plan import Plan
 from ..status import Status
 from .rows import declared
 from .rows.case import Case, RankReport
@@ -43,10 +44,12 @@ class Report:
                                           "checks": [asdict(c) for c in r.checks]} for r in self.ranks]}
 
 
-def evaluate(gathered: Gathered) -> Report:
+def evaluate(gathered: Gathered, plan: Plan | None = None) -> Report:
     """The whole table. An unreachable rank gets one failed `ssh` row; the cross-rank checks
-    (image IDs, MTU, checkpoint fingerprint, clocks) compare the ranks that answered."""
-    inp = Case(gathered)
+    (image IDs, MTU, checkpoint fingerprint, clocks) compare the ranks that answered. `plan`: the
+    plan made from `gathered` (`up` has it), whose figures the memory rows judge; by default
+    made here."""
+    inp = Case(gathered, plan)
     cluster = inp.loaded.cluster
     report = Report([])
     for r, rank in enumerate(cluster.ranks):

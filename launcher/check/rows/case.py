@@ -26,12 +26,19 @@ class RankReport:
         self.checks.append(Finding(name, status, value, fix if status != Status.PASS else ""))
 
 
-class Case:
-    """What the rows read while judging one gathered value: the value itself, the plan's figures
-    (the memory need, vLLM's startup guard, the KV pool), each rank's fabric assessment, once."""
+_NOT_YET = object()
 
-    def __init__(self, gathered: Gathered):
+
+class Case:
+    """What the rows read while judging one gathered value: the value itself, the plan's own
+    figures (the memory need, vLLM's startup guard, the KV pool), each rank's fabric assessment,
+    once. The figures are the plan's: `plan` as the caller made it from this value (`up`), else
+    made here once; a plan that refuses (a rank nothing clears, no KV pool that fits) has none to
+    give, and its guard and pool are then reckoned as it reckoned them before refusing."""
+
+    def __init__(self, gathered: Gathered, plan: planning.Plan | None = None):
         self.gathered = gathered
+        self._plan = _NOT_YET if plan is None else plan
         self.loaded = gathered.loaded
         self.facts = gathered.facts
         self.image, self.image_error = gathered.known_image, gathered.image_error
@@ -55,20 +62,35 @@ class Case:
             self._fabrics[r] = fabric.for_rank(self.facts[r], self.loaded.cluster, r)
         return self._fabrics[r]
 
+    @property
+    def plan(self) -> planning.Plan | None:
+        """The plan made from this gathered value, once; None when it refuses or cannot be made."""
+        if self._plan is _NOT_YET:
+            self._plan = None
+            if self.gathered.model is not None:
+                try:
+                    self._plan = planning.build(self.loaded, self.gathered)
+                except SparkstackError:
+                    pass  # the rows say why: the guard's, the pool's or the config's own words
+        return self._plan
+
     def guard(self) -> vllm_guard.Guard:
-        """vLLM's startup guard at the utilisation the plan would pass on these facts, once;
-        raises ConfigError for a utilisation that is not a number."""
+        """vLLM's startup guard at the utilisation the plan passes (plan.guard), once; raises
+        ConfigError for a utilisation that is not a number."""
         if self._guard is None:
-            self._guard = memory_guard(self.loaded, rank_memory(self.loaded, self.facts, []))
+            planned = self.plan.guard if self.plan else None
+            self._guard = planned or memory_guard(self.loaded, rank_memory(self.loaded, self.facts, []))
         return self._guard
 
     def kv(self):
-        """The KV pool the plan would size on these facts (plan.serving_kv), once; the error's
-        text when it cannot be sized."""
+        """The KV pool the plan sizes (plan.kv), once; the error's text when it cannot be sized."""
         if self._kv is None:
-            try:
-                self._kv = planning.serving_kv(self.loaded, self.gathered.model,
-                                               rank_memory(self.loaded, self.facts, []))
-            except SparkstackError as e:
-                self._kv = e.message
+            if self.plan and self.plan.kv:
+                self._kv = self.plan.kv
+            else:
+                try:
+                    self._kv = planning.serving_kv(self.loaded, self.gathered.model,
+                                                   rank_memory(self.loaded, self.facts, []))
+                except SparkstackError as e:
+                    self._kv = e.message
         return self._kv
