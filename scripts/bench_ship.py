@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 import docker  # noqa: E402
 
 from launcher.inputs import config  # noqa: E402
+from launcher.gather import ranks  # noqa: E402
 from launcher.images import registry, relay, ship, spool  # noqa: E402
 from launcher.transport import remote  # noqa: E402
 from launcher.sandbox import cluster  # noqa: E402
@@ -80,7 +81,7 @@ def top_layer(client, ref: str) -> int:
 
 def ship_refs(group, client, refs):
     started = time.monotonic()
-    plan = ship.make_plan(group, ship.local_image_ids(refs))
+    plan = ranks.ship_plan(group, ship.local_image_ids(refs))
     ship.apply(plan, group, say=lambda line: None)
     for r in plan.ranks:
         if r.status not in ("shipped", "up-to-date"):
@@ -343,7 +344,7 @@ def main() -> None:
             print(f"\n(d) --relay: {ref} (its layer {layer / MB:.2f} MB) through a cache on rank 0"
                   + (", over layers that came by plain ships" if name == "v3" else ", over v3 (relayed)"))
             started = time.monotonic()
-            plan = ship.make_plan(group, ship.local_image_ids([ref]))
+            plan = ranks.ship_plan(group, ship.local_image_ids([ref]))
             ship.apply(plan, group, say=lambda line: None, relay=relay.route(loaded))
             wall = time.monotonic() - started
             show_ranks(plan, layer)

@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from launcher.images import build as build_mod
+from launcher.gather import ranks
 from launcher.images import ship
 from launcher.cli.commands import main
 from test_build import FOUR, chain_of, loaded_for
@@ -25,7 +26,7 @@ from launcher.sandbox.chain_fixture import TEST_LABEL, write_patches
 @pytest.fixture(scope="module")
 def ranks_base(sandbox, group, docker_client, test_base, session):
     """The session's base on every rank, by ship (its image ID is the host's)."""
-    plan = ship.make_plan(group, ship.local_image_ids([test_base]))
+    plan = ranks.ship_plan(group, ship.local_image_ids([test_base]))
     ship.apply(plan, group, say=lambda line: None)
     assert {r.status for r in plan.ranks} <= {"shipped", "up-to-date"}, [r.error for r in plan.ranks]
     yield test_base

@@ -107,3 +107,21 @@ def test_cli_plan_falls_back_when_a_rank_is_unreachable(sandbox, tmp_path):
     data = json.loads(result.output)
     assert any(a.startswith("ranks not probed") and "rank 1 (spark2)" in a for a in data["assumed"])
     assert "NCCL_IB_HCA" in data["ranks"][0]["env"] and "NCCL_IB_HCA" not in data["ranks"][1]["env"]
+
+
+def test_ship_plans_from_the_ranks_image_ids_as_gathered():
+    """ship takes the ranks' image state as a value (launcher/gather/ranks.py asks for it): a rank
+    that has the image under this host's ID is up to date, one without it (or another ID) is to
+    ship, one that could not say is failed with why."""
+    from launcher.images import ship
+    from launcher.status import Status
+    from launcher.transport.remote import Target
+
+    ids = {"img:a": "sha256:" + "a" * 64}
+    found = [(Target(0, "spark1", "10.0.0.1"), {"img:a": ids["img:a"]}, None),
+             (Target(1, "spark2", "10.0.0.2"), {"img:a": "sha256:" + "b" * 64}, None),
+             (Target(2, "spark3", "10.0.0.3"), None, "spark3: Docker daemon not running")]
+    plan = ship.plan_for(ids, found)
+    assert [(r.rank, r.status, r.images, r.error) for r in plan.ranks] == [
+        (0, Status.UP_TO_DATE, [], None), (1, Status.PLANNED, ["img:a"], None),
+        (2, Status.FAILED, [], "spark3: Docker daemon not running")]

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.inputs import config
+from launcher.gather import ranks
 from launcher.images import relay, ship, spool
 from launcher.cli.commands import main
 
@@ -76,7 +77,7 @@ def leftover_tags(sandbox, name) -> list[str]:
 
 
 def ship_refs(group, client, refs):
-    plan = ship.make_plan(group, ship.local_image_ids(refs))
+    plan = ranks.ship_plan(group, ship.local_image_ids(refs))
     return ship.apply(plan, group, say=lambda line: None)
 
 
@@ -90,7 +91,7 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
     assert all(leftover_tags(sandbox, n) == [] for n in sandbox.names)
 
     since, before = rank_clock(sandbox), images_on_ranks(sandbox)
-    again = ship.make_plan(group, ship.local_image_ids([base]))
+    again = ranks.ship_plan(group, ship.local_image_ids([base]))
     assert [r.status for r in again.ranks] == ["up-to-date"] * 4
     assert [r.bytes for r in ship.apply(again, group).ranks] == [0] * 4
     # a re-ship of what every rank has: no pull started, nothing tagged, nothing changed
@@ -364,10 +365,10 @@ def test_relay_uplink_carries_the_layer_for_all_ranks(sandbox, client, images):
     layer = client.images.get(ref).history()[1]["Size"]
     try:
         with group_of(sandbox) as group:
-            first = ship.apply(ship.make_plan(group, ship.local_image_ids([base])), group, say=lambda line: None,
+            first = ship.apply(ranks.ship_plan(group, ship.local_image_ids([base])), group, say=lambda line: None,
                                relay=route)
             assert all(r.status != "failed" for r in first.ranks)
-            plan = ship.make_plan(group, ship.local_image_ids([ref]))
+            plan = ranks.ship_plan(group, ship.local_image_ids([ref]))
             lines = []
             ship.apply(plan, group, say=lines.append, relay=route)
         assert [r.status for r in plan.ranks] == ["shipped"] * 4, [r.error for r in plan.ranks]

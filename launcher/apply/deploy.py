@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from . import load_progress, memguard, prep, serve
 from ..check.report import evaluate, refuse
 from ..errors import Interrupted, SparkstackError
-from ..gather import cluster, here
+from ..gather import cluster, here, ranks
 from ..images import build, local_docker, ship
 from ..inputs import apikey
 from ..inputs.config import Loaded, cluster_name
@@ -201,7 +201,7 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
         build.build_chain(local_docker.connect(), build.local_chain(loaded))
         ids = ship.local_image_ids([image])
         report.steps.append("built the image chain")
-    shipment = ship.make_plan(group, ids)
+    shipment = ranks.ship_plan(group, ids)
     if shipment.needed:
         ship.apply(shipment, group, say=say)
         report.steps.append("shipped " + image)
@@ -213,7 +213,7 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
 
 def _on_every_rank(image: str, group: Group, say) -> bool:
     """A prebuilt image absent here is fine when every rank has it under one image ID."""
-    found = ship.rank_image_ids(group, [image])
+    found = ranks.image_ids(group, [image])
     ids = {have.get(image) if have else None for _t, have, _why in found}
     if len(ids) == 1 and None not in ids:
         say(f"{image} is not on this host, but every rank has it ({ids.pop().removeprefix('sha256:')[:12]}): "

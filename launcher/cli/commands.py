@@ -478,12 +478,13 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
     from ..images import relay as relay_mod
     from ..transport import remote
     from ..images import ship as ship_mod
+    from ..gather import ranks
     from ..apply import cluster_lock
 
     refs = refs or [build_mod.local_chain(loaded).top]
     ids = ship_mod.local_image_ids(list(refs))  # Docker's socket, without docker-py
     with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
-        shipment = ship_mod.make_plan(group, ids)
+        shipment = ranks.ship_plan(group, ids)
         if not dry_run:
             say = lambda line: err.print(line, markup=False)  # noqa: E731
             with cluster_lock.held(loaded, group, wait_lock, say):

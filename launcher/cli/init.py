@@ -181,6 +181,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
 def _ship(config: Path) -> str:
     """`sparkstack ship` on the config just written: "shipped", or why not (check then says it too)."""
     from ..images import build as build_mod, ship as ship_mod
+    from ..gather import ranks
     from ..inputs import config as config_mod
     from ..transport import remote
     from ..errors import SparkstackError
@@ -189,7 +190,7 @@ def _ship(config: Path) -> str:
     try:
         ids = ship_mod.local_image_ids([build_mod.local_chain(loaded).top])
         with remote.Group.for_cluster(loaded.cluster, say=_say) as group:
-            shipment = ship_mod.make_plan(group, ids)
+            shipment = ranks.ship_plan(group, ids)
             ship_mod.apply(shipment, group, say=_say)
     except SparkstackError as e:
         _say(f"not shipped: {e.message}; `sparkstack build && sparkstack ship` once that is fixed")

@@ -1,6 +1,7 @@
 """Shipping images to the ranks: only what a rank lacks crosses the wire.
 
-Plan: ask every rank (one command each) which of the images it already has, by image ID.
+Plan: from every rank's image IDs as gathered (launcher/gather/ranks.py: one command each), which
+of the images it lacks (`plan_for`, pure).
 Apply: spool each image's `docker save` on this host once (launcher/images/spool.py), ask each rank
 which layers it has (its images' diff IDs), and stream into its `docker load`, over its SSH
 connection, a save-format tar with the manifest, the config and only the layers above the longest
@@ -33,7 +34,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import SparkstackError
 from ..status import Status
-from ..facts import remote as rank_facts
 from ..facts.image_ref import ImageRef
 from ..transport.remote import Connection, Group
 
@@ -92,23 +92,11 @@ def local_image_ids(refs: list[str], engine: "LocalDocker | None" = None) -> dic
     return ids
 
 
-def rank_image_ids(group: Group, refs: list[str]) -> list[tuple[object, dict[str, str] | None, str | None]]:
-    """Per rank: (target, {ref: image ID it has}, None) or (target, None, why it could not say)."""
-    answers = group.run(rank_facts.image_ids_command(refs), timeout=30)
-    out = []
-    for result in answers.results:
-        if not result.ok:
-            out.append((result.target, None, _docker_hint(result.why(), result.target.name)))
-        else:
-            have = rank_facts.parse_image_ids(result.stdout)
-            out.append((result.target, {ref: image.id for ref, image in have.items()}, None))
-    return out
-
-
-def make_plan(group: Group, local_ids: dict[str, str]) -> ShipPlan:
-    """Which rank lacks which image (pure once the ranks have answered)."""
+def plan_for(local_ids: dict[str, str], found: list[tuple[object, dict[str, str] | None, str | None]]) -> ShipPlan:
+    """Which rank lacks which image, from the ranks' image IDs as gathered (launcher/gather/
+    ranks.py `image_ids`: per rank its target, {ref: image ID} or None, and why not). Pure."""
     plan = ShipPlan(local_ids)
-    for target, have, why in rank_image_ids(group, list(local_ids)):
+    for target, have, why in found:
         rank = RankShip(target.rank, target.address, [])
         if have is None:
             rank.status, rank.error = Status.FAILED, why
@@ -119,7 +107,7 @@ def make_plan(group: Group, local_ids: dict[str, str]) -> ShipPlan:
     return plan
 
 
-def _docker_hint(why: str, name: str) -> str:
+def docker_hint(why: str, name: str) -> str:
     if "Cannot connect to the Docker daemon" in why:
         return f"{name}: Docker daemon not running ({why}); start it: sudo systemctl start docker"
     if "no space left" in why.lower():
@@ -156,7 +144,7 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
     for result in Group([by_rank[r.rank] for r in todo]).run(RANK_LAYERS, timeout=120).results:
         rank = outcome[result.target.rank]
         if not result.ok:
-            rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), result.target.name)
+            rank.status, rank.error = Status.FAILED, docker_hint(result.why(), result.target.name)
             say(_progress_line(result.target.name, rank))
             continue
         chains = [line.split() for line in result.stdout.splitlines()]
@@ -210,7 +198,7 @@ def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], load
                 rank.status, rank.error = Status.FAILED, f"{conn.target.name}: sending {ref} failed: {failed[0]}"
                 return
             if not result.ok:
-                rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), conn.target.name)
+                rank.status, rank.error = Status.FAILED, docker_hint(result.why(), conn.target.name)
                 return
         rank.status = Status.SHIPPED
     finally:
@@ -363,7 +351,7 @@ def _relay_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], reg
                 cache, _pull_command(registry.name(ref, "{port}"), ref, local_ids[ref]))
             result = conn.run(command, stdin=script, timeout=PULL_TIMEOUT_S)
             if not result.ok:
-                rank.status, rank.error = Status.FAILED, _docker_hint(result.why(), conn.target.name)
+                rank.status, rank.error = Status.FAILED, docker_hint(result.why(), conn.target.name)
                 return
         rank.status = Status.SHIPPED
     finally:
