@@ -1,8 +1,9 @@
 """`up` and `down`: the whole re-deploy after a boot, and taking it all away again.
 
 up = the API key (generated the first time, launcher/inputs/apikey.py) → prepare the nodes →
-gather (launcher/gather/) → plan → judge (`check`'s rows: any failure stops here, nothing started) → build and ship only if a rank lacks the
-profile's image → start (workers, then the head) → wait until the API answers. A cluster
+gather (launcher/gather/) → plan → judge (`check`'s rows over the same gathered value and the
+plan's figures: any failure stops here, nothing started) → build and ship only if a rank lacks
+the profile's image → start (workers, then the head) → wait until the API answers. A cluster
 already running as planned is left alone (`restart` forces a new start).
 Interrupted (Ctrl+C, SIGTERM, SIGHUP): what is in flight is cancelled, the containers this run
 started are stopped, and the message says whether every rank confirmed it; a second interrupt

@@ -3,7 +3,9 @@ ONE value (value.Gathered), by one call (cluster.gather) that `check`, `up`, `pl
 share: the probe on every rank (probe), right after it on each rank the fabric pings and
 dockerd's capabilities (extras) and, with model.local_path, the staged copy's listing (staged);
 meanwhile this host's part (here: the checkpoint's shape, the serving image's tag and ID, the
-API key). A rank that fails is a reason in the value, never an exception.
+API key). A rank that fails is a reason in the value, never an exception. `plan` and `prep`
+take the same parts without the pings (probe.gather, then here.inputs / here.read_model); the
+ranks' image IDs that `ship` and `up` plan from are ranks.py's.
 
 Nothing here judges (launcher/check/) or derives (launcher/plan/): both take the value.
 May import `launcher.transport`, `launcher.images` (the image's tag and ID), `launcher.inputs`,

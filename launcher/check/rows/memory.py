@@ -14,7 +14,7 @@ from . import row
 from .case import Case, RankReport
 
 
-PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (DESIGN.md)
+PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (docs/architecture.md)
 SWAP_USED_WARN = 256 << 20
 
 
