@@ -1,6 +1,5 @@
 """Gather: everything the plan and the judging take, read from the ranks and from this host, as
-ONE value (value.Gathered), by one call (cluster.gather) that `check`, `up`, `plan` and `prep`
-share: the probe on every rank (probe), right after it on each rank the fabric pings and
+ONE value (value.Gathered), by one call (cluster.gather) that `check` and `up` share: the probe on every rank (probe), right after it on each rank the fabric pings and
 dockerd's capabilities (extras) and, with model.local_path, the staged copy's listing (staged);
 meanwhile this host's part (here: the checkpoint's shape, the serving image's tag and ID, the
 API key). A rank that fails is a reason in the value, never an exception. `plan` and `prep`
