@@ -38,7 +38,9 @@ from ipaddress import IPv4Address, ip_address, ip_interface
 
 from ..errors import SparkstackError
 from ..status import Status
-from .facts import Facts, Gid, Interface, RdmaDevice, RdmaPort
+from .network import Interface
+from .rdma import Gid, RdmaDevice, RdmaPort
+from .record import Facts
 
 MIN_SPEED = 200000  # Mb/s, a 200G QSFP link as /sys/class/net/<if>/speed reports it
 JUMBO_MTU = 9000
