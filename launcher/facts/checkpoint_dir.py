@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .parts import Part, key
 
+
 @dataclass(frozen=True)
 class Checkpoint:
     dir: str

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .parts import Part, key, local
 
+
 @dataclass(frozen=True)
 class Clock:
     """The rank's wall clock against ours: the probe ran between `sent` and `received`."""

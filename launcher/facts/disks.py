@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .parts import Part, key
 
+
 @dataclass(frozen=True)
 class Disk:
     path: str

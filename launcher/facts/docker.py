@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from .image_ref import ImageRef
 from .parts import FactError, Part, command, key
 
+
 KIT_LABEL_PREFIX = "org.sparkstack."
 
 
@@ -119,9 +120,9 @@ def parse_docker_probe(api: dict | None, version: dict, images: dict | None, ins
 
 def api_problem(api: dict) -> str | None:
     """One line when the daemon did not answer its socket (or answered an error)."""
-    for key in ("version", "images"):
-        got = api.get(key) or {}
-        where = f"{got.get('endpoint', key)} on {api.get('socket')}"
+    for asked in ("version", "images"):
+        got = api.get(asked) or {}
+        where = f"{got.get('endpoint', asked)} on {api.get('socket')}"
         if "error" in got:
             return f"docker: the daemon does not answer ({where}: {got['error']})"
         if got.get("status") != 200:

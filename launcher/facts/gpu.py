@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .parts import Part, command, key
 
+
 @dataclass(frozen=True)
 class Gpu:
     name: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .parts import Part, key, verbatim
 
+
 def parse_sysctls(raw: dict) -> dict[str, str | None]:
     """Values as `sysctl -n` prints them (tabs of multi-value entries become single spaces);
     None for a sysctl this kernel does not have or would not let us read."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .parts import FactError, Part, key
 
+
 UNLIMITED = -1
 
 

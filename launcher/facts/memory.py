@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .parts import FactError, Part, key
 
+
 @dataclass(frozen=True)
 class Memory:
     total: int

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .parts import FactError, Part, command
 
+
 @dataclass(frozen=True)
 class Mount:
     target: str

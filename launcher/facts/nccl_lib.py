@@ -8,6 +8,7 @@ from pathlib import PurePosixPath
 
 from .parts import Part, key
 
+
 @dataclass(frozen=True)
 class NcclLib:
     """The host NCCL build `nccl.host_lib` names, as found on the rank."""

@@ -10,6 +10,7 @@ from ipaddress import IPv4Address, IPv4Network, ip_interface
 
 from .parts import FactError, Part, ShapeError, command, int_or_none, key, stripped
 
+
 @dataclass(frozen=True)
 class Interface:
     name: str

@@ -8,6 +8,7 @@ from ipaddress import IPv4Address, IPv6Address
 
 from .parts import FactError, Part, key, stripped
 
+
 @dataclass(frozen=True)
 class Gid:
     index: int
