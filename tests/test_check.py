@@ -30,11 +30,18 @@ from local_probe import coverage_env, local_command, run_probe, sandbox_rank_fac
 from launcher.check import check, plan_inputs
 from launcher.sandbox import fabric_fixture as sfabric
 from launcher.inputs import config
-from launcher.facts import facts
+from launcher.facts import record as facts
 from launcher.transport import gather
 from launcher.cli.commands import main
-from launcher.facts.facts import (CdiSpec, Checkpoint, Clock, Docker, DockerUlimits, Driver, Gid, Gpu, GpuClocks, Image,
-                                  Limit, Memory, Mount, NcclLib, Ulimits)
+from launcher.facts.checkpoint_dir import Checkpoint
+from launcher.facts.clock import Clock
+from launcher.facts.docker import Docker, Image
+from launcher.facts.gpu import CdiSpec, Driver, Gpu, GpuClocks
+from launcher.facts.limits import DockerUlimits, Limit, Ulimits
+from launcher.facts.memory import Memory
+from launcher.facts.mounts import Mount
+from launcher.facts.nccl_lib import NcclLib
+from launcher.facts.rdma import Gid
 
 GIB = 1 << 30
 IMAGE = "sparkstack/keys:0123456789abcdef"

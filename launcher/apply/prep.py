@@ -25,7 +25,7 @@ from typing import Callable
 
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs import node_settings
 from ..inputs.config import Loaded, no_swap
 from ..plan.kv import gib

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
-from ..facts.facts import FactError
+from ..facts.parts import FactError
 from ..plan.plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from ..transport.remote import Connection, Group, Result
 

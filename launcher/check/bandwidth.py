@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from .. import onrank
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs.config import Loaded
 from ..plan import plan as plan_mod
 from ..status import Status

@@ -33,7 +33,8 @@ from ipaddress import IPv4Address, ip_interface
 from .. import onrank
 from ..errors import SparkstackError
 from ..facts import fabric, load_path
-from ..facts.facts import UNLIMITED, Facts
+from ..facts.limits import UNLIMITED
+from ..facts.record import Facts
 from ..inputs import apikey, node_settings, vllm_guard
 from ..inputs.config import Loaded, no_swap
 from ..onrank.probe import NOT_ANSWERING

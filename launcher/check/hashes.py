@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs import apikey
 from ..inputs.config import Loaded
 from ..status import Status

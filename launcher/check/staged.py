@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from .. import onrank
-from ..facts.facts import parse_checkpoint
+from ..facts.checkpoint_dir import parse_checkpoint
 from ..inputs.config import Loaded
 from ..transport.remote import Connection
 from . import hashes

@@ -350,7 +350,7 @@ def build(loaded, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
     import pathlib
 
     from ..images import build as build_mod
-    from ..images import images as images_mod
+    from ..images import chain as images_mod
     from ..images import local_docker
 
     base = images_mod.base_name(loaded)

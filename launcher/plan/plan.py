@@ -16,7 +16,7 @@ from .. import redact
 from ..errors import ConfigError, PlanRefused, SparkstackError
 from ..facts import fabric, load_path
 from ..facts.checkpoint import ModelShape, WeightSplit
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs import apikey, vllm_flags, vllm_guard
 from ..inputs.config import Cluster, ContainerSettings, Loaded, cluster_name, master_port, rendezvous
 
