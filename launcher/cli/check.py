@@ -63,6 +63,9 @@ _STATUS_STYLE = {Status.PASS: "[green]pass[/]", Status.WARN: "[yellow]WARN[/]", 
 
 
 def print_check(report, verbose: bool) -> None:
+    """The table of rank × row, then the verdicts shown (every one with -v, else those not
+    pass): one every rank shares (same row, status, value and fix) once, its ranks named
+    ("ranks 0–3"), then each rank's own, rank by rank; then ok or not ready."""
     from ..check import check as check_mod
 
     table = make_table("check", *(f"{r.rank} {r.host}" for r in report.ranks))
@@ -72,13 +75,47 @@ def print_check(report, verbose: bool) -> None:
             table.add_row(name, *(_STATUS_STYLE.get(cells.get((r.rank, name)), "[dim]-[/]")
                                   for r in report.ranks))
     print_table(table)
+    shared = shared_verdicts(report)
+    everyone = ranks_named([r.rank for r in report.ranks])
+    for c in shared.values():
+        if verbose or c.status != Status.PASS:
+            _print_verdict(c, everyone)
     for r in report.ranks:
         for c in r.checks:
-            if verbose or c.status != Status.PASS:
-                out.print(f"{_STATUS_STYLE[c.status]} rank {r.rank} {r.host} [bold]{c.name}[/]: ",
-                          end="")
-                out.print(c.value, markup=False)
-                if c.fix:
-                    out.print(f"     fix: {c.fix}", markup=False)
+            if c.name not in shared and (verbose or c.status != Status.PASS):
+                _print_verdict(c, f"rank {r.rank} {r.host}")
     verdict = "[green]ok[/]" if report.ok else "[bold red]not ready[/]"
     out.print(f"{verdict} ({report.seconds:.2f} s)")
+
+
+def _print_verdict(c, who: str) -> None:
+    out.print(f"{_STATUS_STYLE[c.status]} {who} [bold]{c.name}[/]: ", end="")
+    out.print(c.value, markup=False)
+    if c.fix:
+        out.print(f"     fix: {c.fix}", markup=False)
+
+
+def _verdict(row) -> tuple:
+    return row.name, row.status, row.value, row.fix
+
+
+def shared_verdicts(report) -> dict:
+    """Row name -> the row, for each row every rank of a report of two ranks or more has once,
+    with the same status, value and fix; in the first rank's order."""
+    if len(report.ranks) < 2:
+        return {}
+    per_rank = []
+    for r in report.ranks:
+        names = [c.name for c in r.checks]
+        per_rank.append({c.name: _verdict(c) for c in r.checks if names.count(c.name) == 1})
+    first = report.ranks[0]
+    return {c.name: c for c in first.checks
+            if all(rows.get(c.name) == _verdict(c) for rows in per_rank)}
+
+
+def ranks_named(ranks: list[int]) -> str:
+    """`ranks 0–3` for a run of three or more, else `ranks 0, 2`."""
+    ranks = sorted(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}–{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
