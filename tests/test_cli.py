@@ -180,3 +180,27 @@ def test_ranks_named():
     assert ranks_named([3, 2, 1]) == "ranks 1–3"
     assert ranks_named([0, 1]) == "ranks 0, 1"
     assert ranks_named([0, 2, 3]) == "ranks 0, 2, 3"
+
+
+def test_build_on_ranks_prints_a_line_per_rank_and_names_the_failed(monkeypatch, tmp_path):
+    """`build --on-ranks`' renderer, without the sandbox: each rank's state and stages built, each
+    rank's error, and exit 1 naming the failed rank."""
+    import contextlib
+    import types
+
+    from launcher.images import build as build_mod
+    from launcher.transport import remote
+
+    chain = types.SimpleNamespace(stages=[object(), object()], top="img:top")
+    monkeypatch.setattr(build_mod, "local_chain", lambda loaded: chain)
+    monkeypatch.setattr(remote.Group, "for_cluster", lambda *a, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(build_mod, "build_on_ranks", lambda loaded, chain, say, group: [
+        build_mod.RankBuild(0, "spark1", Status.BUILT, [{"built": True}, {"built": True}], seconds=2.0),
+        build_mod.RankBuild(1, "spark2", Status.FAILED, [{"built": True}], "rank 1 (spark2): no space", 1.0)])
+    result = CliRunner().invoke(main, ["build", "-c", str(sandbox_cluster(tmp_path).path), "--on-ranks"])
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines() == [
+        "rank 0 spark1  built   2 of 2 stages built (2.0 s)",
+        "rank 1 spark2  failed  1 of 2 stages built (1.0 s)",
+        "  error: rank 1 (spark2): no space",
+        "error: build failed on 1 of 2 ranks (rank 1); fix the cause above and re-run: stages already built are kept"]

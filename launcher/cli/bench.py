@@ -100,12 +100,12 @@ def bench(config_file, as_json, url, api_key, model, tasks, concurrency, max_tok
         temperature=default_temperature if temperature is None else temperature,
         top_p=default_top_p if top_p is None else top_p, thinking=thinking, needle=needle,
         needle_position=needle_at, timeout_s=timeout)
-    results = _measure_with_progress(bench_mod, target, settings)
+    results = _measure_with_progress(target, settings)
     paths = bench_report.write_files(results, pathlib.Path(out_dir)) if results.started else []
     if as_json:
         click.echo(json.dumps(results.to_json(), indent=2))
     else:
-        _print_bench(bench_report, results)
+        _print_bench(results)
     for path in paths:
         err.print(f"wrote {path}")
     if results.status == Status.FAILED:
@@ -114,7 +114,9 @@ def bench(config_file, as_json, url, api_key, model, tasks, concurrency, max_tok
         sys.exit(130)
 
 
-def _print_bench(bench_report, results) -> None:
+def _print_bench(results) -> None:
+    from ..bench import report as bench_report
+
     if results.cells:
         out.print(bench_report.tok_s_table(results))
     if results.needles:
@@ -141,7 +143,8 @@ def _bench_config(config_file, url):
     return config_mod.load(path)
 
 
-def _measure_with_progress(bench_mod, target, settings):
+def _measure_with_progress(target, settings):
+    from ..bench import run as bench_mod
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),

@@ -49,7 +49,7 @@ def build(loaded, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
                                 str(pathlib.Path(render_dir) / s.name / "Dockerfile")} for s in chain.stages])
         return
     if on_ranks:
-        return _build_on_ranks(build_mod, loaded, chain, as_json, trust_new_hosts)
+        return _build_on_ranks(loaded, chain, as_json, trust_new_hosts)
     if not chain.stages:
         _print_build(as_json, [], f"profile {loaded.profile.name} uses {chain.base.name} as it is: "
                                   f"nothing to build")
@@ -63,7 +63,8 @@ def build(loaded, as_json, render_dir, verbose, on_ranks, trust_new_hosts):
     _print_build(as_json, [r.to_json() for r in results], f"image {chain.top}")
 
 
-def _build_on_ranks(build_mod, loaded, chain, as_json: bool, trust_new_hosts: bool) -> None:
+def _build_on_ranks(loaded, chain, as_json: bool, trust_new_hosts: bool) -> None:
+    from ..images import build as build_mod
     from ..transport import remote
 
     with remote.Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=err.print) as group:
