@@ -163,13 +163,13 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     if not (dry_run or no_check):
         from ..check import check as check_mod
         from ..inputs import config as config_mod
-        from .commands import _print_check
+        from .check import print_check
 
         report = check_mod.run(config_mod.load(output), say=_say)
         result["check"] = report.to_json()
         ok = ok and report.ok
         if not as_json:
-            _print_check(check_mod, report, verbose=False)
+            print_check(report, verbose=False)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif not dry_run:
