@@ -15,10 +15,11 @@ PACKAGE = ROOT / "launcher"
 # A rank promises Python 3.8+, so nothing the standard library gained after 3.8.
 STDLIB = set(sys.stdlib_module_names) - {"graphlib", "zoneinfo", "tomllib"}
 STANDALONE = {"launcher.onrank": {"nccl_allreduce": {"torch"}},  # runs in the serving image
-              "launcher.sandbox.standins": {}}
-# The stand-ins are installed side by side in the image's dist-packages and import one another;
-# onrank's scripts are each sent alone.
-SIDE_BY_SIDE = {"launcher.sandbox.standins"}
+              "launcher.sandbox.standins": {},
+              "launcher.inputs.vllm_options": {}}  # copied beside the stand-ins, as is
+# The stand-ins are installed side by side in the image's dist-packages and import one another,
+# and the kit's vllm_options copied beside them; onrank's scripts are each sent alone.
+SIDE_BY_SIDE = {"launcher.sandbox.standins": {"vllm_options"}}
 
 
 def module_name(path: Path) -> str:
@@ -128,8 +129,9 @@ def test_what_runs_on_a_rank_is_standalone():
     nothing else: no import from `launcher`, no relative import, only the standard library."""
     checked = []
     for folder, extra in STANDALONE.items():
-        paths = sorted(ROOT.joinpath(*folder.split(".")).glob("*.py"))
-        siblings = {p.stem for p in paths} if folder in SIDE_BY_SIDE else set()
+        where = ROOT.joinpath(*folder.split("."))
+        paths = sorted(where.glob("*.py")) if where.is_dir() else [where.with_suffix(".py")]
+        siblings = {p.stem for p in paths} | SIDE_BY_SIDE[folder] if folder in SIDE_BY_SIDE else set()
         for path in paths:
             allowed = STDLIB | extra.get(path.stem, set()) | siblings
             for line, module, _name in imports(path):
@@ -137,7 +139,8 @@ def test_what_runs_on_a_rank_is_standalone():
                 assert top != "launcher", f"{path.relative_to(ROOT)}:{line} imports the kit ({module})"
                 assert top in allowed, f"{path.relative_to(ROOT)}:{line} imports {module}: not the standard library"
             checked.append(path.stem)
-    assert {"probe", "pinger", "relay_pull", "relay_gate", "nccl_allreduce", "standin_vllm"} <= set(checked)
+    assert {"probe", "pinger", "relay_pull", "relay_gate", "nccl_allreduce", "standin_vllm",
+            "vllm_options"} <= set(checked)
 
 
 def test_every_folder_says_what_lives_there():
