@@ -348,16 +348,16 @@ TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbo
 # (value_parsers_file), copied beside them.
 STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py",
                    "standin_mem.py")
+# A stand-in installed under the real program's module path instead of its own name.
+INSTALLED_AS = {"standin_tensorfold.py": "tensorfold/cli.py"}
 
 
 def standin_site_packages() -> dict[str, bytes]:
     """dist-packages files of the stand-in image, by path under dist-packages."""
     files = dict(STANDIN_PACKAGE)
-    files.update({name: (STANDINS / name).read_bytes()
-                  for name in ("standin_vllm.py", "standin_dist.py", "standin_ray.py", "standin_mem.py")})
+    files.update({INSTALLED_AS.get(name, name): (STANDINS / name).read_bytes() for name in STANDIN_MODULES})
     files["vllm_options.py"] = value_parsers_file().read_bytes()
     files["tensorfold/__init__.py"] = TENSORFOLD_INIT
-    files["tensorfold/cli.py"] = (STANDINS / "standin_tensorfold.py").read_bytes()
     return files
 
 
