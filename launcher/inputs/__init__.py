@@ -3,6 +3,7 @@ option table and flag checks (vllm_flags, with its vendored data/), vLLM's start
 the API key, and the one list of node settings a Spark needs.
 
 Every problem is reported as `file: field.path: problem`. May import `launcher.errors`,
-`launcher.redact`, `launcher.facts` (the model's shape) and the sandbox's stdlib-only stand-in
+`launcher.redact`, `launcher.facts` (the model's shape), `launcher.engines` (what an engine
+checks of a config, whether it checks an API key) and the sandbox's stdlib-only stand-in
 parsers (`launcher.sandbox.standins`), nothing above.
 """
