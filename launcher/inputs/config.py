@@ -152,8 +152,8 @@ class ImageSettings(Strict):
 
 
 class ContainerSettings(Strict):
-    """How each rank's serving container is started (DESIGN.md § serving). The defaults are the
-    seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
+    """How each rank's serving container is started (docs/architecture.md § serving). The defaults
+    are the seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
 
     gpus: str | None = "all"  # `--gpus` value; null leaves it out (no GPU, as in the sandbox)
     devices: list[str] = ["/dev/infiniband"]
@@ -413,7 +413,8 @@ def _profiles_dir(cluster: Cluster, path: Path) -> Path:
     return cluster.profiles_dir if cluster.profiles_dir.is_absolute() else path.parent / cluster.profiles_dir
 
 
-def _engine_flags(path: Path, cluster: Cluster, profile: Profile, engine: engines.Engine) -> list[vllm_flags.Flag]:
+def _engine_flags(path: Path, cluster: Cluster, profile: Profile,
+                 engine: engines.Engine) -> list[vllm_flags.Flag]:
     """The profile's flags merged with overrides.engine_args (parsed here, once), each knowing
     its source; an engine that takes its flags as written has none (its own parser checks them)."""
     problems = engine.config_problems(path, cluster, profile)
@@ -427,12 +428,13 @@ def _engine_flags(path: Path, cluster: Cluster, profile: Profile, engine: engine
                                      vllm_flags.CONFIG)
     except (vllm_flags.FlagError, ValueError) as e:
         raise ConfigError([f"{path}: overrides.engine_args: {e}"]) from None
+    written = profile.flags()
     problems = [f"{where}: {problem}" for where, flags in ((f"{path}: overrides.engine_args", overrides),
-                                                           (f"profile {profile.name}", profile.flags()))
+                                                           (f"profile {profile.name}", written))
                 for problem in _secret_flags(flags)]
     if problems:
         raise ConfigError(problems)
-    return vllm_flags.merge(profile.flags(), overrides)
+    return vllm_flags.merge(written, overrides)
 
 
 # Engine flags that would put a secret on the `docker run` command line, where `ps` on the rank
