@@ -20,7 +20,7 @@ from ..engines import ImageNeed
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
 from ..facts.facts import FactError
-from ..plan.plan import CONTAINER_NAME, Plan, RankPlan, env_file
+from ..plan.cluster_plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from ..transport.remote import Connection, Group, Result
 
 PLAN_LABEL = "org.sparkstack.plan"
