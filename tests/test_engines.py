@@ -1,10 +1,12 @@
 """The engines (launcher/engines/): one module each behind one interface. A new engine is one
-module, its template and its stand-in: here a toy engine (this file's class, a template in
-tmp_path) is registered and planned with, and nothing else in the kit learns its name. Also what
-each engine asks of the image before `up` starts it, with the messages `up` gives."""
+module, its template and its stand-in (for the sandbox): here a toy engine (TOY_MODULE, put in
+tmp_path on the package's path, with its template beside it) is found, checks its config and is
+planned with, and nothing else in the kit learns its name. Also what each engine asks of the
+image before `up` starts it, with the messages `up` gives, and the flags' sources."""
 
 import json
 import shlex
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -18,12 +20,19 @@ from launcher.engines import tensorfold, vllm_native, vllm_ray
 from launcher.inputs import config, vllm_flags
 
 
-class Toy(engines.Engine):
-    """A toy server: `toyserve MODEL --listen PORT --peers N --me R` on every rank, flags as written."""
+# The whole of a new engine: this module (dropped beside launcher/engines/' own) and its template.
+TOY_MODULE = '''"""A toy server: `toyserve MODEL --listen PORT --peers N --me R --join HOST:PORT` on every rank."""
 
+from pathlib import Path
+
+from launcher.engines.base import AS_WRITTEN, Engine
+
+
+class Toy(Engine):
     profile_engine = "toy"
     template = "toy.j2"
-    flags = engines.AS_WRITTEN
+    templates_dir = Path(__file__).parent / "templates"
+    flags = AS_WRITTEN  # passed as written after the managed ones
     master_port = 31000
 
     def managed(self, start):
@@ -37,16 +46,22 @@ class Toy(engines.Engine):
         return [f"toy: rank 0 at {master}"]
 
 
+ENGINE = Toy()
+'''
+TOY_TEMPLATE = "toyserve {{ model | q }}{% for a in args %} {{ a | q }}{% endfor %}\n"
+
+
 @pytest.fixture
-def toy(tmp_path):
-    (tmp_path / "templates").mkdir()
-    (tmp_path / "templates" / "toy.j2").write_text(
-        "toyserve {{ model | q }}{% for a in args %} {{ a | q }}{% endfor %}\n")
-    engine = Toy()
-    engine.templates_dir = tmp_path / "templates"
-    engines.register(engine, "toy")
-    yield engine
-    engines.unregister("toy")
+def toy(tmp_path, monkeypatch):
+    """The toy engine found as launcher/engines/' own are: a module in the package's path."""
+    folder = tmp_path / "more_engines"
+    (folder / "templates").mkdir(parents=True)
+    (folder / "toy.py").write_text(TOY_MODULE)
+    (folder / "templates" / "toy.j2").write_text(TOY_TEMPLATE)
+    monkeypatch.setattr(engines, "__path__", [*engines.__path__, str(folder)])
+    monkeypatch.setattr(engines, "_found", [])
+    yield engines.pick("toy")
+    sys.modules.pop("launcher.engines.toy", None)
 
 
 def toy_config(tmp_path, write_config, ranks=None):
@@ -64,11 +79,11 @@ def toy_config(tmp_path, write_config, ranks=None):
     return write_config(edit)
 
 
-def test_a_toy_engine_plans_from_its_module_and_template(toy, tmp_path, write_config, monkeypatch):
+def test_a_new_engine_is_one_module_and_its_template(toy, tmp_path, write_config, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     path = toy_config(tmp_path, write_config)
     loaded = config.load(path)
-    assert loaded.engine is toy and loaded.flags == []  # its flags are passed as written
+    assert loaded.engine is toy and toy.name == "toy" and loaded.flags == []  # flags: as written
     assert config.master_port(loaded) == 31000
     result = CliRunner().invoke(main, ["plan", "-c", str(path), "--json", "--offline"])
     assert result.exit_code == 0, result.output

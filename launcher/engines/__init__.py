@@ -7,9 +7,9 @@ asked, wherever the kit would otherwise branch on its name: its template (templa
 flags it manages, its rendezvous port, its config checks, whether its server checks an API key,
 what the image must have before `up` starts it, what the plan notes of it.
 
-Adding one: a module here that names an `Engine` subclass's instance `ENGINE` (found by `engines()`;
-a test may `register` one of its own), its template in templates/engine/, its stand-in in
-launcher/sandbox/standins/.
+Adding one: a module here that names an `Engine` subclass's instance `ENGINE` (found by `engines()`),
+its template in templates/engine/, its stand-in in launcher/sandbox/standins/ (tests/test_engines.py
+plans with a toy one).
 
 Pure: no SSH, no Docker. May import `launcher.resources` and `launcher.errors` only.
 """
@@ -23,33 +23,23 @@ from ..errors import ConfigError
 from .base import AS_WRITTEN, VLLM_FLAGS, Engine, ImageNeed, NoApiKey, RankStart
 
 __all__ = ["AS_WRITTEN", "VLLM_FLAGS", "Engine", "ImageNeed", "NoApiKey", "RankStart", "engines",
-           "pick", "profile_engines", "register"]
+           "pick", "profile_engines"]
 
-_REGISTERED: dict[str, Engine] = {}
 _NOT_ENGINES = {"base"}
 _found: list[Engine] = []
 
 
 def engines() -> list[Engine]:
-    """Every engine, in their `listed` order: this folder's modules, then those registered."""
+    """Every engine: each module of this package's path (but base) names one `ENGINE`; in their
+    `listed` order."""
     if not _found:
         for info in pkgutil.iter_modules(__path__):
             if info.name not in _NOT_ENGINES and not info.name.startswith("_"):
                 engine = importlib.import_module(f"{__name__}.{info.name}").ENGINE
                 engine.name = info.name
                 _found.append(engine)
-    return sorted([*_found, *_REGISTERED.values()], key=lambda e: e.listed)
-
-
-def register(engine: Engine, name: str | None = None) -> Engine:
-    """Make `engine` one of the kit's (a test's own engine; this folder's are found by name)."""
-    engine.name = name or engine.name or type(engine).__name__.lower()
-    _REGISTERED[engine.name] = engine
-    return engine
-
-
-def unregister(name: str) -> None:
-    _REGISTERED.pop(name, None)
+        _found.sort(key=lambda e: e.listed)
+    return list(_found)
 
 
 def profile_engines() -> list[str]:
