@@ -120,6 +120,7 @@ def test_the_engine_is_picked_by_profile_and_multinode():
     assert engines.pick("tensorfold", "ray") is engines.pick("tensorfold", "native") is tensorfold.ENGINE
     assert [e.name for e in engines.engines()] == ["vllm_native", "vllm_ray", "tensorfold"]
     assert engines.profile_engines() == ["vllm", "tensorfold"]
+    assert engines.multinode_modes() == ["native", "ray"]  # cluster.yaml's multinode: takes these
 
 
 @dataclass

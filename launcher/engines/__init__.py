@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from .base import AS_WRITTEN, VLLM_FLAGS, Engine, ImageNeed, NoApiKey, RankStart
 
 __all__ = ["AS_WRITTEN", "VLLM_FLAGS", "Engine", "ImageNeed", "NoApiKey", "RankStart", "engines",
-           "pick", "profile_engines"]
+           "multinode_modes", "pick", "profile_engines"]
 
 _NOT_ENGINES = {"base"}
 _found: list[Engine] = []
@@ -45,6 +45,11 @@ def engines() -> list[Engine]:
 def profile_engines() -> list[str]:
     """The values a profile's `engine:` may take."""
     return list(dict.fromkeys(e.profile_engine for e in engines()))
+
+
+def multinode_modes() -> list[str]:
+    """The values cluster.yaml's `multinode:` may take."""
+    return list(dict.fromkeys(mode for e in engines() for mode in e.multinode or ()))
 
 
 def pick(profile_engine: str, multinode: str | None = None) -> Engine:

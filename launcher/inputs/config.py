@@ -19,7 +19,7 @@ from pydantic import AfterValidator, Field, PositiveInt, field_validator, model_
 from . import vllm_flags, vllm_guard
 from .. import engines, redact
 from ..errors import ConfigError, load_yaml_model
-from .profile import PROFILES_DIR, EnvVars, Gib, Profile, Strict, load_profile
+from .profile import PROFILES_DIR, EnvVars, Gib, Profile, Strict, load_profile, one_of
 
 DEFAULT_CONFIG = Path("cluster.yaml")
 
@@ -291,7 +291,7 @@ class Cluster(Strict):
     master_port: int | None = Field(None, ge=1, le=65535)
     # how the ranks form one vLLM: its native multi-node (--nnodes ...) or a Ray cluster (head on
     # rank 0, workers join; the image must have `ray`)
-    multinode: Literal["native", "ray"] = "native"
+    multinode: Annotated[str, one_of(engines.multinode_modes)] = "native"  # launcher/engines/ serve each
     ssh: SshSettings = SshSettings()
     ranks: list[Rank] = Field(min_length=1)
     model: ModelSettings

@@ -42,13 +42,17 @@ def _env_vars(env: dict[str, str]) -> dict[str, str]:
 EnvVars = Annotated[dict[str, str], AfterValidator(_env_vars)]
 
 
-def _engine_name(name):
-    """One of the engines' names (launcher/engines/), refused as an unknown Literal would be."""
-    known = engines.profile_engines()
-    if name not in known:
-        expected = " or ".join(", ".join(repr(k) for k in known).rsplit(", ", 1))
-        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
-    return name
+def one_of(known):
+    """A validator taking only what `known()` lists (the engines' names, their multi-node modes:
+    launcher/engines/), refused as an unknown Literal is."""
+    def check(value):
+        names = known()
+        if value not in names:
+            expected = " or ".join(", ".join(repr(k) for k in names).rsplit(", ", 1))
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
+    return BeforeValidator(check)
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -113,7 +117,7 @@ class Profile(Strict):
     name: str = ""
     description: str
     seeds: list[str] = []
-    engine: Annotated[str, BeforeValidator(_engine_name)] = "vllm"  # which engines/ module serves it
+    engine: Annotated[str, one_of(engines.profile_engines)] = "vllm"  # which launcher/engines/ module serves it
     image: ImageSpec
     served_name: str
     api_port: int = Field(8000, ge=1, le=65535)
