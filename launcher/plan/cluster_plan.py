@@ -9,7 +9,7 @@ defaulted is listed in `assumed`, so a plan made without the cluster says what i
 from __future__ import annotations
 
 import json
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 
 from . import caches, kv
 from .. import engines, redact
@@ -480,7 +480,8 @@ def _engine_argv(loaded: Loaded, r: int, sized: Sized, host_ip: str, master: str
     start = engines.RankStart(r, len(cluster.ranks), cluster.model.serving_path,
                               cluster.model.served_name or profile.served_name,
                               cluster.overrides.api_port or profile.api_port, host_ip, master,
-                              master_port(loaded), *astuple(sized))
+                              master_port(loaded), tp=sized.tp, kv_cache_bytes=sized.kv_cache_bytes,
+                              utilization=sized.utilization)
     managed = engine.managed(start)
     if engine.flags == engines.VLLM_FLAGS:
         ours = [vllm_flags.Flag(name, values, source=vllm_flags.PLAN) for name, values in managed]
