@@ -17,7 +17,7 @@ from local_probe import sandbox_rank_facts, sandbox_rank_raw
 from launcher.check import check, plan_inputs
 from launcher.facts import record as facts
 from launcher.transport import gather
-from launcher.plan import plan
+from launcher.plan import cluster_plan as plan
 from launcher.apply import prep
 from launcher.facts.parts import FactError
 from launcher.transport.remote import Result, Target

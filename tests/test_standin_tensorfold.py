@@ -90,7 +90,7 @@ def run_once(tmp: Path, argv: list[str], **kw) -> tuple[int, str]:
 
 
 def serve_argv(model_dir: Path, port: int, rank: int = 0, *extra: str) -> list[str]:
-    """The plan's per-rank command line (plan._tensorfold_args), on loopback."""
+    """The plan's per-rank command line (launcher/engines/tensorfold.py: TensorFold.managed), on loopback."""
     return ["serve", str(model_dir), "--tp", "4", "--rank", str(rank), "--master", "127.0.0.1",
             "--port", str(port), "--host", "127.0.0.1", "--name", "glm-5.3-tf",
             "--context", "32768", "--parallel", "4", *extra]

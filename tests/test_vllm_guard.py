@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import ROOT
-from launcher.plan import plan
+from launcher.plan import cluster_plan as plan
 from launcher.inputs import vllm_guard
 from launcher.inputs.vllm_guard import GIB
 

@@ -19,7 +19,7 @@ import re
 import time
 
 from ..facts import load_path
-from ..plan.plan import CONTAINER_NAME
+from ..plan.cluster_plan import CONTAINER_NAME
 from ..transport import gather
 
 INTERVAL_S = 10.0

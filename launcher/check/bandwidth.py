@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from .. import onrank
 from ..facts.record import Facts
 from ..inputs.config import Loaded
-from ..plan import plan as plan_mod
+from ..plan import cluster_plan as plan_mod
 from ..status import Status
 
 # The bus bandwidth (nccl-tests' busbw, GB/s = 1e9 B/s) a healthy 4-Spark fabric should show for

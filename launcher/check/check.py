@@ -39,8 +39,8 @@ from ..inputs import apikey, node_settings, vllm_guard
 from ..inputs.config import Loaded, no_swap
 from ..onrank.probe import NOT_ANSWERING
 from ..plan.kv import GIB, gib
-from ..plan import plan as planning
-from ..plan.plan import MemoryNeed, ModelFacts, Plan, memory_guard, rank_memory
+from ..plan import cluster_plan as planning
+from ..plan.cluster_plan import MemoryNeed, ModelFacts, Plan, memory_guard, rank_memory
 from ..status import Status
 from ..transport.gather import RankFacts
 

@@ -14,7 +14,7 @@ from ..facts.record import Facts
 from ..images import build as image_build
 from ..inputs import apikey
 from ..inputs.config import Loaded
-from ..plan import plan
+from ..plan import cluster_plan as plan
 
 
 def read_model(loaded: Loaded) -> plan.ModelFacts:

@@ -20,7 +20,7 @@ from .shared import trust_option, with_cluster
 def logs(loaded, trust_new_hosts, rank, follow, tail):
     """Show a rank's serving container log."""
     from ..apply import deploy
-    from ..plan.plan import CONTAINER_NAME
+    from ..plan.cluster_plan import CONTAINER_NAME
 
     if not 0 <= rank < len(loaded.cluster.ranks):  # bad input: exit 2, as click's own checks
         raise click.BadParameter(f"{rank}: the config has ranks 0..{len(loaded.cluster.ranks) - 1}",

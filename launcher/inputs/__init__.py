@@ -5,6 +5,6 @@ carries a copy), vLLM's startup memory guard, the API key, and the one list of n
 Spark needs.
 
 Every problem is reported as `file: field.path: problem`. May import the package's root
-modules (`launcher.errors`, `redact`, `resources`) and `launcher.facts` (the model's shape),
-nothing above.
+modules (`launcher.errors`, `redact`, `resources`), `launcher.facts` (the model's shape) and
+`launcher.engines` (what an engine checks of a config, whether it checks an API key), nothing above.
 """

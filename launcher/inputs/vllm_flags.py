@@ -16,7 +16,7 @@ import argparse
 import difflib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -35,16 +35,23 @@ def table() -> dict[str, dict]:
     return vllm_options.read_table(FLAGS_FILE)
 
 
+# Where a flag was set (Flag.source): the profile's `args`, cluster.yaml's overrides.engine_args,
+# or the plan (the flags it manages).
+PROFILE, CONFIG, PLAN = "profile", "config", "plan"
+
+
 @dataclass(frozen=True)
 class Flag:
     """One option as written: `name` (e.g. `--max-model-len`), `key` (what it sets, used to
-    merge: `-tp` and `--tensor-parallel-size` share one), its value tokens, and whether it was
-    written `--name=value` (kept so the argv renders exactly as the profile wrote it)."""
+    merge: `-tp` and `--tensor-parallel-size` share one), its value tokens, whether it was
+    written `--name=value` (kept so the argv renders exactly as the profile wrote it), and where
+    it was set (`source`, kept through `merge`; not part of what the flag is)."""
 
     name: str
     values: tuple[str, ...] = ()
     inline: bool = False
     plugin: bool = False
+    source: str = field(default="", compare=False)  # PROFILE | CONFIG | PLAN
 
     @property
     def key(self) -> str:
@@ -80,8 +87,9 @@ def _spec_for(name: str) -> dict | None:
     return spec
 
 
-def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset()) -> list[Flag]:
-    """Group argv tokens into flags, refusing what vLLM 0.33 would refuse.
+def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset(), source: str = "") -> list[Flag]:
+    """Group argv tokens into flags, refusing what vLLM 0.33 would refuse; each flag's `source`
+    says where the tokens were written.
 
     `plugin_flags` are options a plugin adds to vLLM's parser; they are taken as written
     (`--x` alone is a switch, `--x v` carries one value)."""
@@ -95,7 +103,7 @@ def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset()) -> list
         i += 1
         if name in plugin_flags:
             values, i = _take(tokens, i, "?", inline_value if eq else None)
-            flags.append(Flag(name, values, bool(eq), plugin=True))
+            flags.append(Flag(name, values, bool(eq), plugin=True, source=source))
             continue
         spec = _spec_for(name)
         if spec is None:
@@ -108,7 +116,7 @@ def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset()) -> list
             raise FlagError(f"{name} expects a value")
         if nargs != "0":
             _check_values(name, spec, values)
-        flags.append(Flag(name, values, bool(eq)))
+        flags.append(Flag(name, values, bool(eq), source=source))
     return flags
 
 
@@ -177,6 +185,11 @@ def merge(base: list[Flag], overrides: list[Flag]) -> list[Flag]:
         else:
             merged[at] = flag
     return merged
+
+
+def find(flags: list[Flag], key: str) -> Flag | None:
+    """The flag set for `key` (a dest), or None when absent."""
+    return next((f for f in flags if f.key == key), None)
 
 
 def value(flags: list[Flag], key: str) -> str | None:
