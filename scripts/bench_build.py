@@ -69,7 +69,7 @@ def timed(argv: list[str]) -> float:
 def in_process_noop(config: Path, runs: int) -> float:
     """The no-op's own work, without interpreter start-up: config, render, tags, lookups."""
     from launcher.inputs import config as config_mod
-    from launcher.images import images
+    from launcher.images import chain as images
 
     times = []
     for _ in range(runs):

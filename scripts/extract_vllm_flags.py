@@ -10,7 +10,7 @@ It builds the parser exactly as `vllm serve` does (vllm.entrypoints.cli.main: a
 FlexibleArgumentParser whose `serve` subparser is filled by make_arg_parser) and writes, per
 option string, {dest, nargs, choices, type} (what shared/vllm/serve-flags-0.33.json holds) plus
 "value": how vLLM converts and checks the option's values. The format of "value" is described in
-launcher/inputs/vllm_flags.py. vLLM builds its parser without a GPU only once a platform is chosen; the
+launcher/inputs/vllm_options.py. vLLM builds its parser without a GPU only once a platform is chosen; the
 CPU platform is used here (the option set is the same: the output's first four keys are checked
 against the shared table by tests/test_vllm_flags.py).
 """

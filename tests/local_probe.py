@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.facts import facts
+from launcher.facts import record as facts
+from launcher.facts.memory import parse_meminfo
 
 
 def local_command(command: str, script: Path) -> str:
@@ -58,4 +59,4 @@ def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
     from launcher.sandbox import meminfo
 
     found = facts.parse_facts(sandbox_rank_raw(root, r))
-    return dataclasses.replace(found, memory=facts.parse_meminfo(meminfo.meminfo(r)))
+    return dataclasses.replace(found, memory=parse_meminfo(meminfo.meminfo(r)))

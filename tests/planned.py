@@ -2,7 +2,7 @@
 the ranks' facts given, then plan.build; for tests that plan from fixture facts."""
 
 from launcher.gather import here
-from launcher.plan import plan
+from launcher.plan import cluster_plan as plan
 
 
 def build_plan(loaded, facts=None, key=None) -> plan.Plan:

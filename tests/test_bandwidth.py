@@ -28,7 +28,7 @@ from local_probe import sandbox_rank_facts
 from launcher.check import bandwidth, preflight, report as check
 from planned import build_plan
 from launcher.inputs import config
-from launcher.facts import facts
+from launcher.facts.docker import Docker, Image
 from launcher.status import Finding, Status
 from launcher.check.bandwidth import Outcome, outcome
 from launcher.cli.commands import main
@@ -346,8 +346,8 @@ def test_preconditions(ring):
     absent = bandwidth.preconditions(loaded, IMAGE, three, None)
     assert sorted(absent) == [0, 2, 3] and "rank 1 did not answer" in absent[0].value
     # the fixture facts come from this machine's probe: its Docker (or none) is no rank's
-    image = facts.Image("sha256:" + "a" * 64, (IMAGE,), {}, 1)
-    with_image = {r: dataclasses.replace(f, docker=facts.Docker("27.0", "27.0", "/var/lib/docker", 1, 1,
+    image = Image("sha256:" + "a" * 64, (IMAGE,), {}, 1)
+    with_image = {r: dataclasses.replace(f, docker=Docker("27.0", "27.0", "/var/lib/docker", 1, 1,
                                                                 (image,) if r != 3 else ()))
                   for r, f in ring.facts.items()}
     missing = bandwidth.preconditions(loaded, IMAGE, with_image, None)

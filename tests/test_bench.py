@@ -24,6 +24,10 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.bench import run as bench
+from launcher.bench import needle
+from launcher.bench import results
+from launcher.bench import stats
+from launcher.bench import stream
 from launcher.cli.commands import main
 from standin_env import model_dir, roomy_env
 
@@ -72,7 +76,7 @@ class Standin:
         return f"http://127.0.0.1:{self.port}"
 
     def generated(self) -> float:
-        metrics = bench.parse_prometheus(httpx.get(f"{self.url}/metrics").text)
+        metrics = stats.parse_prometheus(httpx.get(f"{self.url}/metrics").text)
         return metrics["vllm:generation_tokens_total"]
 
     def stop(self) -> None:
@@ -359,31 +363,31 @@ def test_prometheus_text_sums_label_sets():
         'vllm:spec_decode_num_accepted_tokens_total{model_name="a\\"b"} 55',
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 7',
         "process_open_fds 12", "broken line", "nan_metric NaN", ""])
-    metrics = bench.parse_prometheus(text)
-    assert metrics[bench.DRAFTS] == 40 and metrics[bench.ACCEPTED] == 55
+    metrics = stats.parse_prometheus(text)
+    assert metrics[stats.DRAFTS] == 40 and metrics[stats.ACCEPTED] == 55
     assert metrics["process_open_fds"] == 12 and "nan_metric" not in metrics
-    before = bench.SpecCounters.from_metrics({bench.ACCEPTED: 5, bench.DRAFTS: 10})
-    after = bench.SpecCounters.from_metrics(metrics)
-    assert bench.accepted_per_step([bench.spec_delta(before, after)]) == pytest.approx(2.66667,
+    before = stats.SpecCounters.from_metrics({stats.ACCEPTED: 5, stats.DRAFTS: 10})
+    after = stats.SpecCounters.from_metrics(metrics)
+    assert stats.accepted_per_step([stats.spec_delta(before, after)]) == pytest.approx(2.66667,
                                                                                        abs=1e-4)
-    assert bench.SpecCounters.from_metrics({"process_open_fds": 1}) is None
-    assert bench.accepted_per_step([None]) is None
-    assert bench.accepted_per_step([bench.SpecCounters(0, 0)]) is None
+    assert stats.SpecCounters.from_metrics({"process_open_fds": 1}) is None
+    assert stats.accepted_per_step([None]) is None
+    assert stats.accepted_per_step([stats.SpecCounters(0, 0)]) is None
 
 
 def test_statistics():
-    assert bench.decode_rate(64, 1.5, 0.2) == pytest.approx(64 / 1.3)
-    assert bench.decode_rate(1, 0.3, 0.2) is None and bench.decode_rate(10, 1.0, None) is None
-    assert bench.percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.5
-    assert bench.percentile([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 90) == \
+    assert stats.decode_rate(64, 1.5, 0.2) == pytest.approx(64 / 1.3)
+    assert stats.decode_rate(1, 0.3, 0.2) is None and stats.decode_rate(10, 1.0, None) is None
+    assert stats.percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.5
+    assert stats.percentile([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 90) == \
         pytest.approx(9.1)
-    assert bench.percentile([0.7], 90) == 0.7 and bench.percentile([], 50) is None
+    assert stats.percentile([0.7], 90) == 0.7 and stats.percentile([], 50) is None
 
 
 def test_inputs():
     assert bench.parse_counts("1, 2,4,8,2") == (1, 2, 4, 8)
     assert bench.parse_sizes("8k,32K,128k,1m,500") == (8000, 32000, 128000, 1_000_000, 500)
-    labels = [bench.size_label(n) for n in (8000, 1_000_000, 2500, 500)]
+    labels = [results.size_label(n) for n in (8000, 1_000_000, 2500, 500)]
     assert labels == ["8k", "1m", "2.5k", "500"]
     for bad in ("0", "x", ""):
         with pytest.raises(ValueError):
@@ -413,7 +417,7 @@ def standin_module():
 
 def test_prompts_and_needle_prompt():
     prompts = bench.load_prompts()
-    assert list(prompts) == list(bench.DEFAULT_TASKS)
+    assert list(prompts) == list(results.DEFAULT_TASKS)
     standin = standin_module()
     for task, messages in prompts.items():
         # a task prompt must not look like a needle question (the stand-in would answer short)
@@ -421,17 +425,17 @@ def test_prompts_and_needle_prompt():
         assert standin.count_prompt_tokens(messages) > 50, task
     fact = "The secret code for the east vault is 1234-ORCHID."
     for position in (0.0, 0.5, 1.0):
-        messages = bench.needle_messages(8000, position, fact, nonce=417)
+        messages = needle.needle_messages(8000, position, fact, nonce=417)
         text = messages[0]["content"]
         assert text.startswith("Journal 417. ")  # no prefix shared with another needle prompt
-        assert text.count(fact) == 1 and text.rstrip().endswith(bench.QUESTION)
+        assert text.count(fact) == 1 and text.rstrip().endswith(needle.QUESTION)
         assert near(standin.count_prompt_tokens(messages), 8000, 0.02)
         at = text.index(fact) / len(text)
         assert abs(at - position) < 0.05, (position, at)
         assert standin.find_needle(messages) == fact
 
 
-def feed(reader: bench.StreamReader, *payloads, start=0.0, step=0.1) -> bench.Request:
+def feed(reader: stream.StreamReader, *payloads, start=0.0, step=0.1) -> results.Request:
     for i, payload in enumerate(payloads):
         data = payload if isinstance(payload, str) else json.dumps(payload)
         reader.feed(f"data: {data}", start + i * step)
@@ -444,7 +448,7 @@ def delta(**fields) -> dict:
 
 
 def test_stream_reader_counts_chunks_without_usage_and_reasoning_for_ttft():
-    request = feed(bench.StreamReader(0.0, "srv"), delta(role="assistant", content=""),
+    request = feed(stream.StreamReader(0.0, "srv"), delta(role="assistant", content=""),
                    delta(reasoning_content="Let"), delta(content="Hi"),
                    {"choices": [{"index": 0, "delta": {"content": " there"},
                                  "finish_reason": "stop"}]}, "[DONE]")
@@ -452,10 +456,10 @@ def test_stream_reader_counts_chunks_without_usage_and_reasoning_for_ttft():
     assert request.completion_tokens == 3 and request.tokens_from == "chunks"
     assert request.content == "Hi there" and request.reasoning == "Let"
     assert request.wall_s == pytest.approx(0.4) and request.finish_reason == "stop"
-    cell = bench.Cell("prose", 1, [request], None)
-    results = bench.Results(bench.Target("http://x", "m"), bench.Settings(), cells=[cell])
-    assert any("counted from stream chunks" in n for n in results.notes())
-    assert any("exposes no vllm:spec_decode" in n for n in results.notes())
+    cell = results.Cell("prose", 1, [request], None)
+    measured = results.Results(results.Target("http://x", "m"), results.Settings(), cells=[cell])
+    assert any("counted from stream chunks" in n for n in measured.notes())
+    assert any("exposes no vllm:spec_decode" in n for n in measured.notes())
 
 
 @pytest.mark.parametrize("payload, message", [
@@ -467,9 +471,9 @@ def test_stream_reader_counts_chunks_without_usage_and_reasoning_for_ttft():
 ])
 def test_stream_reader_refuses_nonsense(payload, message):
     with pytest.raises(bench.BenchError, match=message.replace("(", r"\(")):
-        feed(bench.StreamReader(0.0, "srv"), payload)
+        feed(stream.StreamReader(0.0, "srv"), payload)
 
 
 def test_stream_cut_short_is_an_error():
     with pytest.raises(bench.BenchError, match="ended the stream before the reply was complete"):
-        feed(bench.StreamReader(0.0, "srv"), delta(content="Hi"))
+        feed(stream.StreamReader(0.0, "srv"), delta(content="Hi"))

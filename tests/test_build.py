@@ -26,7 +26,7 @@ from conftest import example_config
 from launcher.images import build as build_mod
 from launcher.images import local_docker
 from launcher.inputs import config as config_mod
-from launcher.images import images
+from launcher.images import chain as images
 from launcher.cli.commands import main
 from launcher.sandbox.chain_fixture import (BUSYBOX, PATCH_FILES, SITE, TEST_REPO, make_test_base,
                                             remove_test_images, session_id, write_patches)

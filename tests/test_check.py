@@ -32,14 +32,21 @@ from launcher.check.rows import drift
 from planned import build_plan
 from launcher.sandbox import fabric_fixture as sfabric
 from launcher.inputs import config
-from launcher.facts import facts
+from launcher.facts import record as facts
 from launcher.gather import extras, here, probe as gather
 from launcher.gather.value import Gathered
 from launcher.inputs import apikey
 from launcher.cli.commands import main
 from launcher.apply import deploy
-from launcher.facts.facts import (CdiSpec, Checkpoint, Clock, Docker, DockerUlimits, Driver, Gid, Gpu, GpuClocks, Image,
-                                  Limit, Memory, Mount, NcclLib, Ulimits)
+from launcher.facts.checkpoint_dir import Checkpoint
+from launcher.facts.clock import Clock
+from launcher.facts.docker import Docker, Image
+from launcher.facts.gpu import CdiSpec, Driver, Gpu, GpuClocks
+from launcher.facts.limits import DockerUlimits, Limit, Ulimits
+from launcher.facts.memory import Memory
+from launcher.facts.mounts import Mount
+from launcher.facts.nccl_lib import NcclLib
+from launcher.facts.rdma import Gid
 from launcher.status import Finding
 
 GIB = 1 << 30

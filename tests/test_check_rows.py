@@ -23,9 +23,12 @@ from local_probe import sandbox_rank_raw
 from test_check import fabric_facts, inputs, row, sandbox_cluster, sandbox_config, with_container  # noqa: F401
 from launcher.check import preflight, report as check
 from launcher.status import Finding
-from launcher.facts import facts
+from launcher.facts import record as facts
 from launcher.cli.commands import main
-from launcher.facts.facts import Clock, Docker
+from launcher.facts.clock import Clock, parse_clock
+from launcher.facts.docker import Docker, Image
+from launcher.facts.kernel import parse_sysctls
+from launcher.facts.memory import Memory, parse_meminfo
 
 GIB = 1 << 30
 CASES = Path(__file__).parent / "facts_cases"
@@ -165,12 +168,12 @@ def test_a_driver_upgrade_on_one_rank_fails_its_driver_and_cdi_rows(monkeypatch,
 
 # --- swap, sysctls --------------------------------------------------------------------------
 
-def gb10_meminfo(swap_total_kb: int, swap_free_kb: int) -> facts.Memory:
+def gb10_meminfo(swap_total_kb: int, swap_free_kb: int) -> Memory:
     """The GB10 (caches dropped) meminfo of facts_cases, with its swap lines set."""
     text = case("meminfo_gb10_caches_dropped")["text"]
     text = re.sub(r"SwapTotal:\s+\d+", f"SwapTotal: {swap_total_kb:>15}", text)
     text = re.sub(r"SwapFree:\s+\d+", f"SwapFree: {swap_free_kb:>16}", text)
-    return facts.parse_meminfo(text)
+    return parse_meminfo(text)
 
 
 @pytest.mark.parametrize("free_kb, status, value", [
@@ -197,7 +200,7 @@ def test_free_while_serving_from_each_ranks_measured_memory(monkeypatch, tmp_pat
     floor: that rank fails with the fix, the others (24 GiB more free) pass."""
     gib_ = 1 << 30
     loaded = sandbox_cluster(tmp_path, overrides={"kv_policy": "max", "headroom_gib": 4})
-    low = facts.Memory(127_600_000 * 1024, 98 * gib_, 90 * gib_, 1 * gib_, 0, 0, 0)
+    low = Memory(127_600_000 * 1024, 98 * gib_, 90 * gib_, 1 * gib_, 0, 0, 0)
     inp = inputs(loaded, fabric_facts, {2: {"memory": low}})
     report = check.evaluate(inp)
     kv_bytes = check.Case(inp).kv().kv_cache_memory_bytes
@@ -235,7 +238,7 @@ def test_wrong_and_absent_sysctls_warn_with_prep_as_the_fix(monkeypatch, tmp_pat
     """A freshly booted rank (facts_cases/sysctls.json: swappiness 60, compaction 20) and a
     sysctl the config asks for that its kernel lacks: one warn naming each, check exits 0."""
     loaded = sandbox_cluster(tmp_path, overrides={"sysctls": {"vm.not_in_this_kernel": 1}})
-    booted = facts.parse_sysctls(**case("sysctls"))
+    booted = parse_sysctls(**case("sysctls"))
     inp = inputs(loaded, fabric_facts, {3: {"sysctls": booted}})
     for r in range(3):  # the healthy ranks have the config's extra one
         inp.ranks[r].facts.sysctls["vm.not_in_this_kernel"] = "1"
@@ -271,7 +274,7 @@ def docker_with(free: int, has_image: bool = True) -> Docker:
     """The healthy facts' Docker (the 20 GiB serving image) with `free` bytes left."""
     from test_check import IMAGE, IMAGE_ID
 
-    image = facts.Image(IMAGE_ID, (IMAGE,), {}, 20 * GIB)
+    image = Image(IMAGE_ID, (IMAGE,), {}, 20 * GIB)
     return Docker("20.10", "20.10", "/var/lib/docker", free, 250 * GIB, (image,) if has_image else ())
 
 
@@ -298,7 +301,7 @@ def test_too_little_disk_fails_or_warns(monkeypatch, sandbox_config, fabric_fact
 def test_clock_not_measured_warns(monkeypatch, sandbox_config, fabric_facts):
     """A rank's clock without this host's send/receive times (facts_cases/clock_offset parsed
     alone) cannot be compared: warn "not measured", the other ranks still judged, exit 0."""
-    unstamped = facts.parse_clock(**{k: v for k, v in case("clock_offset").items() if k == "raw"})
+    unstamped = parse_clock(**{k: v for k, v in case("clock_offset").items() if k == "raw"})
     assert unstamped.offset is None
     late = Clock(1003.0, 1003.1, 1000.0, 1000.1)
     inp = inputs(sandbox_config, fabric_facts, {0: {"clock": unstamped}})

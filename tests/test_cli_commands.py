@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from test_check_rows import prebuilt_config
 from launcher.cli.commands import main
-from launcher.plan.plan import CONTAINER_NAME
+from launcher.plan.cluster_plan import CONTAINER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 SPARKSTACK = Path(sys.executable).parent / "sparkstack"  # installed beside the venv's python

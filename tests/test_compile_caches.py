@@ -5,7 +5,7 @@ import subprocess
 from types import SimpleNamespace
 
 from test_plan import plan_json
-from launcher.plan import caches, plan as plan_mod
+from launcher.plan import caches, cluster_plan as plan_mod
 
 IN = caches.IN_CONTAINER
 

@@ -9,7 +9,11 @@ import pytest
 from local_probe import sandbox_rank_facts
 from launcher.facts import fabric
 from launcher.facts.fabric import FabricError
-from launcher.facts.facts import Clock, DockerUlimits, Facts, Gid, Interface, RdmaDevice, RdmaPort, Ulimits
+from launcher.facts.clock import Clock
+from launcher.facts.limits import DockerUlimits, Ulimits
+from launcher.facts.network import Interface
+from launcher.facts.rdma import Gid, RdmaDevice, RdmaPort
+from launcher.facts.record import Facts
 from launcher.sandbox import fabric_fixture as sandbox_fabric
 
 HCAS = [("rocep1s0f0", "enp1s0f0np0"), ("roceP2p1s0f0", "enP2p1s0f0np0"),

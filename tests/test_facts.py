@@ -3,6 +3,7 @@ the probe script itself run as a subprocess against fixture trees, its output fe
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -15,38 +16,58 @@ from pathlib import Path
 import pytest
 
 from local_probe import run_probe
-from launcher.facts import facts
-from launcher.facts.facts import FactError, to_jsonable
+from launcher.facts import record as facts
+from launcher.facts.checkpoint_dir import parse_checkpoint
+from launcher.facts.clock import parse_clock
+from launcher.facts.disks import parse_disks
+from launcher.facts.docker import parse_docker, parse_docker_api
+from launcher.facts.gpu import CdiSpec, parse_cdi_specs, parse_driver, parse_gpu, parse_gpu_clocks, parse_nvidia_ctk
+from launcher.facts.kernel import parse_page_size, parse_sysctls
+from launcher.facts.limits import parse_docker_ulimits, parse_rlimits
+from launcher.facts.memory import parse_meminfo
+from launcher.facts.mounts import parse_mounts
+from launcher.facts.nccl_lib import NcclLib, parse_nccl_lib
+from launcher.facts.network import parse_default_route, parse_interfaces, parse_ssh_connection
+from launcher.facts.parts import FactError
+from launcher.facts.rdma import Gid, parse_rdma
+from launcher.facts.record import to_jsonable
 
 CASES = sorted((Path(__file__).parent / "facts_cases").glob("*.json"))
 PARSERS = {
-    "meminfo": facts.parse_meminfo,
-    "sysctls": facts.parse_sysctls,
-    "rlimits": facts.parse_rlimits,
-    "docker_ulimits": facts.parse_docker_ulimits,
-    "interfaces": facts.parse_interfaces,
-    "rdma": facts.parse_rdma,
-    "docker": facts.parse_docker,
-    "docker_api": facts.parse_docker_api,
-    "mounts": facts.parse_mounts,
-    "checkpoint": facts.parse_checkpoint,
-    "gpu": facts.parse_gpu,
-    "disks": facts.parse_disks,
-    "clock": facts.parse_clock,
-    "nccl_lib": facts.parse_nccl_lib,
-    "default_route": facts.parse_default_route,
-    "ssh_connection": facts.parse_ssh_connection,
-    "driver": facts.parse_driver,
-    "gpu_clocks": facts.parse_gpu_clocks,
-    "cdi_specs": facts.parse_cdi_specs,
-    "nvidia_ctk": facts.parse_nvidia_ctk,
-    "page_size": facts.parse_page_size,
+    "meminfo": parse_meminfo,
+    "sysctls": parse_sysctls,
+    "rlimits": parse_rlimits,
+    "docker_ulimits": parse_docker_ulimits,
+    "interfaces": parse_interfaces,
+    "rdma": parse_rdma,
+    "docker": parse_docker,
+    "docker_api": parse_docker_api,
+    "mounts": parse_mounts,
+    "checkpoint": parse_checkpoint,
+    "gpu": parse_gpu,
+    "disks": parse_disks,
+    "clock": parse_clock,
+    "nccl_lib": parse_nccl_lib,
+    "default_route": parse_default_route,
+    "ssh_connection": parse_ssh_connection,
+    "driver": parse_driver,
+    "gpu_clocks": parse_gpu_clocks,
+    "cdi_specs": parse_cdi_specs,
+    "nvidia_ctk": parse_nvidia_ctk,
+    "page_size": parse_page_size,
 }
 
 
 def test_cases_cover_every_parser():
     used = {json.loads(p.read_text())["parser"] for p in CASES}
     assert used == set(PARSERS)
+
+
+def test_every_field_of_facts_has_one_part():
+    """record.PARTS, the subjects' declared parts, fill every field of Facts but `problems`, each once."""
+    filled = [part.field for part in facts.PARTS]
+    assert sorted(filled) == sorted(f.name for f in dataclasses.fields(facts.Facts) if f.name != "problems")
+    assert all(part.checked_as in (None, *filled) for part in facts.PARTS)
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
@@ -62,27 +83,27 @@ def test_case(path):
 
 def test_gb10_meminfo_is_about_121_gib():
     case = json.loads((Path(__file__).parent / "facts_cases" / "meminfo_gb10_page_cache_full.json").read_text())
-    memory = facts.parse_meminfo(**case["raw"])
+    memory = parse_meminfo(**case["raw"])
     assert 121.5 < memory.total / 2**30 < 122
 
 
 def test_clock_offset_and_uncertainty():
-    clock = facts.parse_clock({"started": 100.400, "finished": 100.450}, sent=100.100, received=100.300)
+    clock = parse_clock({"started": 100.400, "finished": 100.450}, sent=100.100, received=100.300)
     assert clock.offset == pytest.approx(0.225)
     assert clock.uncertainty == pytest.approx(0.075)  # (0.2 round trip - 0.05 on the rank) / 2
-    assert facts.parse_clock({"started": 1.0}).offset is None
+    assert parse_clock({"started": 1.0}).offset is None
 
 
 def test_gid_properties():
-    v2 = facts.Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:b101", "RoCE v2", "enp1s0f0np0")
-    ll = facts.Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fe10:0000", "RoCE v2", "enp1s0f0np0")
+    v2 = Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:b101", "RoCE v2", "enp1s0f0np0")
+    ll = Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fe10:0000", "RoCE v2", "enp1s0f0np0")
     assert str(v2.ipv4) == "192.168.177.1" and not v2.link_local
     assert ll.ipv4 is None and ll.link_local
 
 
 def test_docker_image_lookup():
     case = json.loads((Path(__file__).parent / "facts_cases" / "docker_images_with_labels.json").read_text())
-    docker = facts.parse_docker(**case["raw"])
+    docker = parse_docker(**case["raw"])
     prebuilt = "ghcr.io/drowzeys/keys-tensorfold-glm53-tp4-dgx-spark"
     assert docker.image(prebuilt) is docker.image(prebuilt + ":2026-10-05")
     assert docker.image("sparkstack/keys:3f2a9c1b7e4d").kit
@@ -315,7 +336,7 @@ def test_probe_finds_the_host_nccl_behind_its_soname_link(tmp_path):
     fake_nccl(real)
     (tmp_path / "libnccl.so.2").symlink_to(real.name)
     found = facts.parse_facts(run_probe(facts.probe_args(str(tmp_path / "sysfs"), nccl_lib=str(tmp_path / "libnccl.so.2"))))
-    assert found.nccl_lib == facts.NcclLib(str(tmp_path / "libnccl.so.2"), True, str(real), real.stat().st_size,
+    assert found.nccl_lib == NcclLib(str(tmp_path / "libnccl.so.2"), True, str(real), real.stat().st_size,
                                            "2.30.7+cuda13.0")
     gone = facts.parse_facts(run_probe(facts.probe_args(str(tmp_path / "sysfs"), nccl_lib=str(tmp_path / "nope.so"))))
     assert not gone.nccl_lib.present and gone.nccl_lib.problem == f"{tmp_path / 'nope.so'}: no such file"
@@ -342,7 +363,7 @@ def test_probe_reads_the_drift_sources(tmp_path):
     f = facts.parse_facts(run_probe(args))
     assert f.fw_versions == (sfabric.FW_VER,) and all(d.fw_ver == sfabric.FW_VER for d in f.rdma)
     assert f.page_size == os.sysconf("SC_PAGE_SIZE")
-    assert f.cdi_specs == (facts.CdiSpec(str(tmp_path / "nvidia.yaml"), "570.133.20"),)
+    assert f.cdi_specs == (CdiSpec(str(tmp_path / "nvidia.yaml"), "570.133.20"),)
     if shutil.which("nvidia-smi") is None:
         assert f.driver is None and f.gpu_clocks is None
 

@@ -16,13 +16,13 @@ import pytest
 from local_probe import sandbox_rank_facts, sandbox_rank_raw
 from launcher.check import report as check
 from planned import build_plan
-from launcher.facts import facts
+from launcher.facts import record as facts
 from launcher.gather import extras, here, probe as gather
 from launcher.gather.value import Gathered
 from launcher.inputs import apikey
-from launcher.plan import plan
+from launcher.plan import cluster_plan as plan
 from launcher.apply import prep
-from launcher.facts.facts import FactError
+from launcher.facts.parts import FactError
 from launcher.transport.remote import Result, Target
 
 CASES = Path(__file__).parent / "facts_cases"

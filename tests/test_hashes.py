@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.check import hashes
-from launcher.facts.facts import Checkpoint
+from launcher.facts.checkpoint_dir import Checkpoint
 from launcher.status import Status
 from launcher.transport.remote import Group, Result, Target
 

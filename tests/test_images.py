@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from launcher.inputs import config as config_mod
-from launcher.images import images
+from launcher.images import chain as images
 from launcher.cli.commands import main
 from launcher.errors import ConfigError
 from launcher.sandbox.chain_fixture import PATCH_FILES, write_patches

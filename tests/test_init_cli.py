@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from launcher.cli.commands import main
 from launcher.facts import cabling
-from launcher.facts.facts import Mount
+from launcher.facts.mounts import Mount
 from launcher.init import bringup
 from launcher.inputs import config
 from local_probe import sandbox_rank_facts

@@ -314,7 +314,7 @@ def test_earlyoom_prefers_the_engine_and_spares_the_way_in(write_config):
     assert not prefer.search("python3") and not avoid.search("python3")  # hence the score below
     assert f"--prefer {node_settings.EARLYOOM_PREFER} --avoid {node_settings.EARLYOOM_AVOID}" in \
         node_settings.earlyoom_defaults()
-    from launcher.plan import plan as planning
+    from launcher.plan import cluster_plan as planning
     for profile in ("keys-1m-dcp4", "tensorfold"):
         result = CliRunner().invoke(cli.main, ["plan", "-c", str(write_config(lambda d: d.update(profile=profile))),
                                                "--offline", "--json"])

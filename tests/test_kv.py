@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.plan import kv, plan
+from launcher.plan import cluster_plan as plan, kv
 from launcher.facts.checkpoint import ModelShape
 from launcher.inputs.profile import load_profile
 

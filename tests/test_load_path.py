@@ -6,7 +6,9 @@ import dataclasses
 from launcher.check import report as check
 from planned import build_plan
 from launcher.facts import load_path
-from launcher.facts.facts import Checkpoint, Interface, Mount, parse_routes, route_to
+from launcher.facts.checkpoint_dir import Checkpoint
+from launcher.facts.mounts import Mount
+from launcher.facts.network import Interface, parse_routes, route_to
 from test_check import fabric_facts, inputs, row, sandbox_config  # noqa: F401  (fixtures)
 
 # /proc/net/route of a Spark: the default route on the 10G management port, the fabric's /24 on

@@ -23,7 +23,9 @@ from launcher.gather import probe as gather
 from launcher.apply import prep
 from launcher.cli.commands import main
 from serving import rank_user
-from launcher.facts.facts import GpuClocks, Memory, Mount
+from launcher.facts.gpu import GpuClocks
+from launcher.facts.memory import Memory
+from launcher.facts.mounts import Mount
 from launcher.sandbox import meminfo
 
 GIB = 1 << 30

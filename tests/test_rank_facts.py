@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from launcher.facts import remote
-from launcher.facts.facts import FactError
+from launcher.facts.parts import FactError
 
 ID = "sha256:01260f3072ec2df9356826bf746fe3f92882c8a61dec0e36ca7896d61cdc0072"
 STATE = ('{"Status":"running","Running":true,"Paused":false,"Restarting":false,"OOMKilled":false,'

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.facts.facts import parse_meminfo
+from launcher.facts.memory import parse_meminfo
 from launcher.inputs import vllm_flags
 from launcher.sandbox import meminfo
 from launcher.sandbox.standins import standin_mem as mem

@@ -90,7 +90,7 @@ def run_once(tmp: Path, argv: list[str], **kw) -> tuple[int, str]:
 
 
 def serve_argv(model_dir: Path, port: int, rank: int = 0, *extra: str) -> list[str]:
-    """The plan's per-rank command line (plan._tensorfold_args), on loopback."""
+    """The plan's per-rank command line (launcher/engines/tensorfold.py: TensorFold.managed), on loopback."""
     return ["serve", str(model_dir), "--tp", "4", "--rank", str(rank), "--master", "127.0.0.1",
             "--port", str(port), "--host", "127.0.0.1", "--name", "glm-5.3-tf",
             "--context", "32768", "--parallel", "4", *extra]
@@ -285,5 +285,17 @@ def test_the_image_carries_the_cli_beside_the_engine_it_imports():
     assert files["tensorfold/cli.py"] == (SANDBOX / "standin_tensorfold.py").read_bytes()
     assert files["standin_vllm.py"] == (SANDBOX / "standin_vllm.py").read_bytes()
     assert files["standin_dist.py"] == (SANDBOX / "standin_dist.py").read_bytes()
+    # vLLM's value parsers, the kit's own module, beside the stand-in that imports them
+    assert files["vllm_options.py"] == (ROOT / "launcher" / "inputs" / "vllm_options.py").read_bytes()
     assert b"STAND-IN" in files["tensorfold/__init__.py"]
     assert "site-packages/tensorfold/cli.py" in debian_image.standin_stage().files
+
+
+def test_a_change_to_the_value_parsers_rebuilds_the_standin_image(tmp_path, monkeypatch):
+    """The stand-in image's tag is the hash of its files, the kit's vllm_options.py among them."""
+    before = debian_image.standin_stage()
+    assert before.files["site-packages/vllm_options.py"] == debian_image.value_parsers_file().read_bytes()
+    changed = tmp_path / "vllm_options.py"
+    changed.write_bytes(debian_image.value_parsers_file().read_bytes() + b"\n# changed\n")
+    monkeypatch.setattr(debian_image, "value_parsers_file", lambda: changed)
+    assert debian_image.standin_stage().tag != before.tag

@@ -549,8 +549,10 @@ def test_prompt_token_count_and_human_ints():
     assert m.count_prompt_tokens([{"role": "user", "content": "one two three four five six"}]) == 8
     parts = [{"role": "user", "content": [{"type": "text", "text": "a b"}, {"type": "image"}]}]
     assert m.count_prompt_tokens(parts) == 3
-    assert m.human_readable_int("25.6k") == 25600 and m.human_readable_int("1K") == 1024
-    assert m.human_readable_int("2G") == 2 * 1024 ** 3 and m.human_readable_int("7") == 7
+    parsers = m.vllm_options  # the kit's launcher/inputs/vllm_options.py, run from the repository
+    assert Path(parsers.__file__).resolve() == ROOT / "launcher" / "inputs" / "vllm_options.py"
+    assert parsers.human_readable_int("25.6k") == 25600 and parsers.human_readable_int("1K") == 1024
+    assert parsers.human_readable_int("2G") == 2 * 1024 ** 3 and parsers.human_readable_int("7") == 7
 
 
 def test_code_task_is_not_mistaken_for_a_needle():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import ROOT
-from launcher.plan import plan
+from launcher.plan import cluster_plan as plan
 from launcher.inputs import vllm_guard
 from launcher.inputs.vllm_guard import GIB
 
@@ -38,7 +38,7 @@ def test_highest_utilization_rounds_down_to_two_decimals():
 def test_offline_figures_are_a_gb10_with_caches_dropped():
     case = json.loads((ROOT / "tests" / "facts_cases" / "meminfo_gb10_caches_dropped.json").read_text())
     assert plan.GB10_MEM_AVAILABLE == case["fact"]["available"]
-    assert abs(plan.GB10_MEM_TOTAL - case["fact"]["total"]) < 2 << 20  # DESIGN.md's ≈ 127,600,000 kB
+    assert abs(plan.GB10_MEM_TOTAL - case["fact"]["total"]) < 2 << 20  # docs/architecture.md, "The GB10's memory": ≈ 127,600,000 kB
 
 
 def test_default_utilization_is_refused_on_a_gb10():

@@ -22,7 +22,7 @@ from ..gather import cluster, here, ranks
 from ..images import build, local_docker, ship
 from ..inputs import apikey
 from ..inputs.config import Loaded, cluster_name
-from ..plan import plan as planning
+from ..plan import cluster_plan as planning
 from ..status import Status
 from ..transport import api
 from ..transport.remote import Group
@@ -98,14 +98,15 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         _ensure_images(loaded, the_plan.image, group, report, say)
-        # Ray is vLLM's; TensorFold starts as its recipe does: ranks > 0 first, then rank 0
-        ray = loaded.cluster.multinode == "ray" and loaded.profile.engine == "vllm"
-        if loaded.profile.engine == "vllm" and len(the_plan.ranks) > 1:
-            serve.require_multinode(group.connections[0], the_plan.image, loaded.cluster.multinode)
-        say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks" + (" (Ray)" if ray else ""))
+        # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
+        engine = loaded.engine
+        for need in engine.image_needs(len(the_plan.ranks)):
+            serve.require_image(group.connections[0], the_plan.image, need)
+        say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks"
+            + (f" ({engine.shown_as})" if engine.shown_as else ""))
         report.starting = True
         try:
-            _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, ray)
+            _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, engine.head_first)
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
     report.steps.append("the API answers")

@@ -19,8 +19,8 @@ import re
 import time
 
 from ..facts import load_path
-from ..plan.plan import CONTAINER_NAME
 from ..gather import probe
+from ..plan.cluster_plan import CONTAINER_NAME
 
 INTERVAL_S = 10.0
 # every process of the serving container; `sh` and `cat` themselves read next to nothing

@@ -21,7 +21,7 @@ from .. import onrank
 from ..errors import SparkstackError
 from ..inputs import node_settings
 from ..inputs.config import MemoryGuardSettings
-from ..plan.plan import CONTAINER_NAME
+from ..plan.cluster_plan import CONTAINER_NAME
 from ..transport.remote import Connection, Group
 
 GIB = 1024 ** 3

@@ -25,7 +25,7 @@ from typing import Callable
 
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs import node_settings
 from ..inputs.config import Loaded, no_swap
 from ..plan.kv import gib
@@ -276,7 +276,7 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
     """Gather, plan, apply, wait, over an open Group (what `up` calls). Unreachable ranks are
     reported, the others still prepared; the wait raises PrepError at its timeout."""
     from ..gather import here, probe
-    from ..plan import plan as planning
+    from ..plan import cluster_plan as planning
 
     started = time.monotonic()
     gathered = probe.gather(group, loaded)

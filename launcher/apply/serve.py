@@ -16,19 +16,16 @@ import re
 import shlex
 from dataclasses import asdict, dataclass
 
+from ..engines import ImageNeed
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
-from ..facts.facts import FactError
-from ..plan.plan import CONTAINER_NAME, Plan, RankPlan, env_file
+from ..facts.parts import FactError
+from ..plan.cluster_plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from ..transport.remote import Connection, Group, Result
 
 PLAN_LABEL = "org.sparkstack.plan"
 PROFILE_LABEL, CLUSTER_LABEL = "org.sparkstack.profile", "org.sparkstack.cluster"  # set by the plan
 LOG_TAIL = 30
-# vLLM's multiprocessing executor across nodes (--nnodes/--node-rank/--master-addr/--headless)
-# is not in old releases; an image older than this is refused rather than handed flags it
-# rejects. The seeds run vLLM 0.28 and later.
-MIN_NATIVE_MULTINODE = (0, 11, 1)
 
 
 class StartFailed(SparkstackError):
@@ -142,34 +139,21 @@ def stop_and_say(group: Group) -> str:
             + ": run `sparkstack down` once it answers")
 
 
-def engine_version(conn: Connection, image: str) -> tuple[int, ...] | None:
-    """The vLLM version inside the image (`vllm --version`), or None if it cannot tell."""
-    r = conn.run(f"docker run --rm --network none {shlex.quote(image)} vllm --version", timeout=300)
-    match = re.search(r"(\d+)\.(\d+)\.(\d+)", r.stdout) if r.ok else None
-    return tuple(int(x) for x in match.groups()) if match else None
-
-
-def require_multinode(conn: Connection, image: str, multinode: str) -> None:
-    """Refuse, before anything starts, an image that cannot run the chosen multi-node mode."""
-    if multinode == "ray":
-        r = conn.run(f"docker run --rm --network none {shlex.quote(image)} ray --version", timeout=300)
+def require_image(conn: Connection, image: str, need: ImageNeed) -> None:
+    """Refuse, before anything starts, an image without what the engine needs (engines.ImageNeed)."""
+    r = conn.run(f"docker run --rm --network none {shlex.quote(image)} {shlex.join(need.argv)}", timeout=300)
+    if need.min_version is None:
         if not r.ok:
-            raise StartFailed(f"{conn.target.name}: {image} has no Ray (`ray --version` in the image: "
-                              f"{r.why()}); multinode: ray needs an image with Ray installed, or use "
-                              "multinode: native")
+            raise StartFailed(need.missing.format(host=conn.target.name, image=image, why=r.why()))
         return
-    require_native_multinode(conn, image)
-
-
-def require_native_multinode(conn: Connection, image: str) -> None:
-    version = engine_version(conn, image)
-    if version is None:
-        raise StartFailed(f"{conn.target.name}: cannot read the vLLM version of {image} "
-                          "(`vllm --version` in the image failed); is it a vLLM image?")
-    if version < MIN_NATIVE_MULTINODE:
-        need = ".".join(map(str, MIN_NATIVE_MULTINODE))
-        raise StartFailed(f"{image} has vLLM {'.'.join(map(str, version))}: native multi-node "
-                          f"(--nnodes/--node-rank/--master-addr) needs {need} or newer; use a newer image")
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", r.stdout) if r.ok else None
+    if match is None:
+        raise StartFailed(need.missing.format(host=conn.target.name, image=image, why=r.why()))
+    version = tuple(int(x) for x in match.groups())
+    if version < need.min_version:
+        raise StartFailed(need.too_old.format(host=conn.target.name, image=image,
+                                              version=".".join(map(str, version)),
+                                              need=".".join(map(str, need.min_version))))
 
 
 def start(plan: Plan, group: Group, say=print, head_first: bool = False) -> list[RankState]:

@@ -15,7 +15,7 @@ from rich import box
 from rich.table import Table
 
 from ..status import Status
-from .run import Results, size_label
+from .results import Results, size_label
 
 
 def _num(value: float | None, digits: int = 1) -> str:

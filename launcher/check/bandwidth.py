@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from .. import onrank
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs.config import Loaded
-from ..plan import plan as plan_mod
+from ..plan import cluster_plan as plan_mod
 from ..status import Finding, Status
 
 # The bus bandwidth (nccl-tests' busbw, GB/s = 1e9 B/s) a healthy 4-Spark fabric should show for

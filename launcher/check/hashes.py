@@ -16,7 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..facts.facts import Facts, parse_checkpoint
+from ..facts.checkpoint_dir import parse_checkpoint
+from ..facts.record import Facts
 from ..inputs import apikey
 from ..inputs.config import Loaded
 from ..status import Finding, Status

@@ -10,9 +10,7 @@ import time
 from ..gather import cluster, probe
 from ..gather.value import Gathered
 from ..inputs.config import Loaded
-from .report import SHOWN, Report, evaluate
-
-__all__ = ["SHOWN", "add_bandwidth", "add_hashes", "run"]  # SHOWN: the table's order, for the CLI
+from .report import Report, evaluate
 
 
 def add_bandwidth(report: Report, inp: Gathered, group) -> None:

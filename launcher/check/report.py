@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import SparkstackError
 from ..gather.value import Gathered
-from ..plan.plan import Plan
+from ..plan.cluster_plan import Plan
 from ..status import Status
 from .rows import declared
 from .rows.case import Case, RankReport

@@ -108,9 +108,9 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
 
     loaded = bringup.load_doc(bringup.provisional(list(hosts), answers), output.resolve().parent)
     facts = bringup.probe_all(loaded)
-    from ..gather import probe as gather
+    from ..gather import probe
 
-    with gather.open_group(loaded) as group:
+    with probe.open_group(loaded) as group:
         sudo = [p for p in (hosts_mod.sudo_problem(c, user, f"rank {i} ({hosts[i]})")
                             for i, c in enumerate(group.connections)) if p]
     for line in sudo:
@@ -161,15 +161,15 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
             default=True, err=True))):
         result["ship"] = _ship(output)
     if not (dry_run or no_check):
-        from ..check import preflight as check_mod
+        from ..check import preflight
         from ..inputs import config as config_mod
-        from .commands import _print_check
+        from .check import print_check
 
-        report = check_mod.run(config_mod.load(output), say=_say)
+        report = preflight.run(config_mod.load(output), say=_say)
         result["check"] = report.to_json()
         ok = ok and report.ok
         if not as_json:
-            _print_check(check_mod, report, verbose=False)
+            print_check(report, verbose=False)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif not dry_run:

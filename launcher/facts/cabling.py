@@ -17,7 +17,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from .fabric import pci_key
-from .facts import Facts
+from .record import Facts
 
 DEFAULT_FABRIC_NET = "192.168.177.0/24"
 MTU = 9000  # the fabric's jumbo frames; `check` pings at it with don't-fragment

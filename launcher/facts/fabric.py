@@ -7,12 +7,12 @@ the environment that tells NCCL, UCX, Gloo and vLLM so.
 A Spark's QSFP port shows up as two HCAs, one per PCIe x4 link ("twins": rocep1s0f1 and
 roceP2p1s0f1 -- same bus/slot/function, the P2 one in PCI domain 2); NCCL needs both to reach
 200G, and each needs an IPv4 address of its own for that (see below). Everything is derived per rank: NICs, GID
-indexes and even which port is cabled differ between ranks (DESIGN.md, "Facts of the hardware").
+indexes and even which port is cabled differ between ranks (docs/architecture.md, "Facts of the hardware").
 
 Every problem is a Finding (pass / warn / fail, the measured value, a one-line fix) for `check`;
 `RankFabric.require()` raises FabricError on any failure for the commands that start things.
 
-Which network carries what (DESIGN.md, "Fabric"): on a switch every fabric IP reaches every
+Which network carries what (docs/architecture.md, "Fabric"): on a switch every fabric IP reaches every
 other, so the sockets (NCCL's bootstrap, Gloo, VLLM_HOST_IP) use the fabric netdev too. In a ring
 rank 0 and rank 2 share no cable, and the bootstrap (every rank to rank 0) and Gloo (every pair)
 would cross it: the sockets go on the management network every rank reaches -- the interface
@@ -38,7 +38,9 @@ from ipaddress import IPv4Address, ip_address, ip_interface
 
 from ..errors import SparkstackError
 from ..status import Finding, Status
-from .facts import Facts, Gid, Interface, RdmaDevice, RdmaPort
+from .network import Interface
+from .rdma import Gid, RdmaDevice, RdmaPort
+from .record import Facts
 
 MIN_SPEED = 200000  # Mb/s, a 200G QSFP link as /sys/class/net/<if>/speed reports it
 JUMBO_MTU = 9000

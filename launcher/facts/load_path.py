@@ -15,7 +15,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from ipaddress import IPv4Address
 
-from .facts import Facts, Mount, route_to
+from .mounts import Mount
+from .network import route_to
+from .record import Facts
 
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "glusterfs", "ceph", "lustre", "fuse.sshfs")
 # Assumptions, not measurements (shown with every estimate): NFS over TCP reaches about 80 % of

@@ -12,7 +12,8 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from .facts import FactError, parse_meminfo
+from .memory import parse_meminfo
+from .parts import FactError
 
 MEMINFO_COMMAND = "cat /proc/meminfo"
 

@@ -17,7 +17,7 @@ from ipaddress import IPv4Address, ip_interface
 
 from .. import onrank
 from ..facts import fabric
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs.config import Loaded
 
 PING_WAIT_S = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..facts.checkpoint import CheckpointError, read_shape, split_weights
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..images import build as image_build
 from ..inputs import apikey
 from ..inputs.config import Loaded

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..facts import facts as facts_mod
-from ..facts.facts import Facts, FactError
+from ..facts import record as facts_mod
+from ..facts.parts import FactError
+from ..facts.record import Facts
 from ..inputs import node_settings
 from ..inputs.config import Loaded
 from ..transport.outcome import RankOutcome

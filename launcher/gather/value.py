@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..facts.checkpoint import ModelShape, WeightSplit
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..inputs import apikey, vllm_flags
 from ..inputs.config import Loaded
 

@@ -23,7 +23,7 @@ from ..status import Status
 from ..facts import remote as rank_facts
 from ..facts.remote import RankImage
 from ..facts.image_ref import ImageRef
-from .images import LABEL, Base, Chain, RenderedStage, context_tar, instruction_lines
+from .chain import LABEL, Base, Chain, RenderedStage, context_tar, instruction_lines
 from .local_docker import LocalDocker
 
 LAST_LINES = 15          # of build output, shown when a stage fails
@@ -77,7 +77,7 @@ def local_image_id(engine: LocalDocker, ref: str) -> str | None:
 
 def ensure_base(engine: LocalDocker, name: str, on_event: OnEvent = _quiet) -> Base:
     """The base image with its local ID, pulled first when the local Docker lacks it (its ID is
-    part of every tag of the chain: see launcher/images/images.py)."""
+    part of every tag of the chain: see launcher/images/chain.py)."""
     image_id = engine.image_id(name)
     if image_id:
         return Base(name, image_id)
@@ -193,7 +193,7 @@ def local_base_id(name: str) -> str | None:
 def local_chain(loaded) -> Chain:
     """The profile's chain tagged against the base as the local Docker holds it (by name when
     it does not): the tags `build` would give, computed without building."""
-    from .images import base_name, chain_for
+    from .chain import base_name, chain_for
 
     base = base_name(loaded)
     return chain_for(loaded, local_base_id(base) if base else None)
@@ -204,7 +204,7 @@ def serving_image(loaded) -> tuple[str, list[str]]:
     (`sparkstack/<top>:<hash>`, over the base's ID when the local Docker has it), a prebuilt
     ref, or a `:unbuilt` placeholder with the reason."""
     from ..errors import ConfigError
-    from .images import base_name, chain_for, patches_dir
+    from .chain import base_name, chain_for, patches_dir
 
     spec, base_override = loaded.profile.image, loaded.cluster.images.base
     if spec.prebuilt:
@@ -297,7 +297,7 @@ def _chain_for_ranks(loaded, chain: Chain, have: dict[int, dict[str, RankImage]]
         return chain
     from collections import Counter
 
-    from .images import chain_for
+    from .chain import chain_for
 
     ids = Counter(h[chain.base.name].id for h in have.values() if chain.base.name in h)
     if not ids:

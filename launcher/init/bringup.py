@@ -21,7 +21,7 @@ from .. import onrank, resources
 from ..facts import cabling as cabling_mod
 from ..inputs import config as config_mod
 from ..plan import inventory
-from ..gather import probe as gather
+from ..gather import probe
 from .hosts import InitError
 
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -76,17 +76,17 @@ def load_doc(doc: dict, where: Path) -> config_mod.Loaded:
 
 def probe_all(loaded) -> dict:
     """{rank: Facts}; a rank whose probe failed ends init with its own message."""
-    with gather.open_group(loaded) as group:
-        got = gather.gather(group, loaded)
+    with probe.open_group(loaded) as group:
+        got = probe.gather(group, loaded)
     bad = [rf.error for rf in got.values() if not rf.ok]
     if bad:
         raise InitError("the probe failed:\n" + "\n".join(bad))
-    return gather.facts_of(got)
+    return probe.facts_of(got)
 
 
 def neighbours(loaded, all_facts: dict) -> dict:
     """{rank: {netdev: [MAC] or None}} from onrank/neighbours.py on every rank's CX7 netdevs."""
-    with gather.open_group(loaded) as group:
+    with probe.open_group(loaded) as group:
         def one(conn):
             netdevs = [nd for names in cabling_mod.cx7_ports(all_facts[conn.target.rank]).values() for nd in names]
             command, stdin = onrank.invocation("neighbours", {"netdevs": netdevs})

@@ -1,6 +1,6 @@
 """The served API's key: cluster.yaml's overrides.api_key, else one generated once and kept on
-this control host, else none on purpose (overrides.open_api: true, or a TensorFold profile,
-whose server checks no key).
+this control host, else none on purpose (overrides.open_api: true, or an engine whose server
+checks no key, e.g. TensorFold: launcher/engines/, `Engine.no_api_key`).
 
 The generated key is `secrets.token_urlsafe(32)` in $XDG_STATE_HOME/sparkstack/api-keys/<rank 0's
 address> (default ~/.local/state/...), the file mode 0600 in a 0700 folder: one key per API,
@@ -21,7 +21,7 @@ from .. import redact
 from ..errors import SparkstackError
 from .config import Loaded
 
-CONFIG, GENERATED, NOT_YET, OPEN, TENSORFOLD = "config", "generated", "not generated", "open", "tensorfold"
+CONFIG, GENERATED, NOT_YET, OPEN = "config", "generated", "not generated", "open"
 
 
 class ApiKeyError(SparkstackError):
@@ -31,15 +31,15 @@ class ApiKeyError(SparkstackError):
 @dataclass(frozen=True)
 class ApiKey:
     value: str | None  # what the server checks and clients send; None: no key
-    source: str  # CONFIG | GENERATED | NOT_YET | OPEN | TENSORFOLD
+    source: str  # CONFIG | GENERATED | NOT_YET | OPEN | the engine's (engines.NoApiKey.source)
     file: Path | None = None  # where a generated key is (or will be) kept
+    engine_warning: str | None = None  # an engine whose server checks no key says why (NoApiKey)
 
     @property
     def warning(self) -> str | None:
         """Said by `plan` and `check` when the API is open to whoever reaches rank 0's port."""
-        if self.source == TENSORFOLD:
-            return ("TensorFold's server checks no API key (seed 001): anyone who reaches rank 0's "
-                    "API port can use it; keep that port on a private network")
+        if self.engine_warning:
+            return self.engine_warning
         if self.source == OPEN:
             return ("overrides.open_api: true: the API takes requests without a key from anyone "
                     "who reaches rank 0's API port")
@@ -76,8 +76,9 @@ def resolve(loaded: Loaded, create: bool = False) -> ApiKey:
     """The key the API checks and the kit's clients send. Reads the generated key; makes it only
     with `create`."""
     o = loaded.cluster.overrides
-    if loaded.profile.engine == "tensorfold":
-        return ApiKey(None, TENSORFOLD)  # config.py refuses an api_key for it
+    none = loaded.engine.no_api_key
+    if none:
+        return ApiKey(None, none.source, engine_warning=none.warning)  # its config check refuses an api_key
     if o.open_api:
         return ApiKey(None, OPEN)
     if o.api_key:

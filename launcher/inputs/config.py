@@ -17,9 +17,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, PositiveInt, field_validator, model_validator
 
 from . import vllm_flags, vllm_guard
-from .. import redact
+from .. import engines, redact
 from ..errors import ConfigError, load_yaml_model
-from .profile import PROFILES_DIR, EnvVars, Gib, Profile, Strict, load_profile
+from .profile import PROFILES_DIR, EnvVars, Gib, Profile, Strict, load_profile, one_of
 
 DEFAULT_CONFIG = Path("cluster.yaml")
 
@@ -152,8 +152,8 @@ class ImageSettings(Strict):
 
 
 class ContainerSettings(Strict):
-    """How each rank's serving container is started (DESIGN.md § serving). The defaults are the
-    seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
+    """How each rank's serving container is started (docs/architecture.md § serving). The defaults
+    are the seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
 
     gpus: str | None = "all"  # `--gpus` value; null leaves it out (no GPU, as in the sandbox)
     devices: list[str] = ["/dev/infiniband"]
@@ -291,7 +291,7 @@ class Cluster(Strict):
     master_port: int | None = Field(None, ge=1, le=65535)
     # how the ranks form one vLLM: its native multi-node (--nnodes ...) or a Ray cluster (head on
     # rank 0, workers join; the image must have `ray`)
-    multinode: Literal["native", "ray"] = "native"
+    multinode: Annotated[str, one_of(engines.multinode_modes)] = "native"  # launcher/engines/ serve each
     ssh: SshSettings = SshSettings()
     ranks: list[Rank] = Field(min_length=1)
     model: ModelSettings
@@ -343,7 +343,12 @@ class Loaded(Strict):
     path: Path
     cluster: Cluster
     profile: Profile
-    flags: list[vllm_flags.Flag]
+    flags: list[vllm_flags.Flag]  # each with its source: the profile, overrides.engine_args
+
+    @property
+    def engine(self) -> engines.Engine:
+        """The engine that serves it (launcher/engines/): the profile's, under `multinode:`."""
+        return engines.pick(self.profile.engine, self.cluster.multinode)
 
 
 def rendezvous(loaded: Loaded, fabric_env: dict[int, dict[str, str]] | None = None) -> str:
@@ -359,13 +364,6 @@ def rendezvous(loaded: Loaded, fabric_env: dict[int, dict[str, str]] | None = No
     return (fabric_env or {}).get(0, {}).get("VLLM_HOST_IP") or first.address
 
 
-# The rendezvous port when cluster.yaml sets none, per engine. vLLM: 29521, MASTER_PORT in Mia AI
-# Lab's .env.tp4.example and start-tp4.sh, the launcher seeds 000 and 004 serve with (vLLM's own
-# default is 29501). TensorFold: its own default 29551 (seed 001's one-shot.sh passes none; its
-# RoCE reductions' Gloo group takes the port 11 above).
-MASTER_PORTS = {"vllm": 29521, "tensorfold": 29551}
-
-
 def cluster_name(loaded: Loaded) -> str:
     """The config's `name`, else its file's name without .yaml (made label-safe)."""
     if loaded.cluster.name:
@@ -376,11 +374,11 @@ def cluster_name(loaded: Loaded) -> str:
 
 def master_port(loaded: Loaded) -> int:
     """The port of rank 0's rendezvous: cluster.yaml's master_port, else a --master-port in the
-    profile's or the config's vLLM flags, else MASTER_PORTS for the engine."""
+    profile's or the config's vLLM flags, else the engine's own (launcher/engines/)."""
     if loaded.cluster.master_port is not None:
         return loaded.cluster.master_port
     given = vllm_flags.value(loaded.flags, "master_port")
-    return int(given) if given else MASTER_PORTS[loaded.profile.engine]
+    return int(given) if given else loaded.engine.master_port
 
 
 def no_swap(loaded: Loaded) -> bool:
@@ -401,8 +399,8 @@ def load(path: Path, profile_name: str | None = None) -> Loaded:
         cluster = cluster.model_copy(update={"profile": profile_name})
     named_in = "--profile" if profile_name is not None else f"{path}: profile"
     profile = load_profile(cluster.profile, _profiles_dir(cluster, path), named_in)
-    flags = _engine_flags(path, cluster, profile)
-    _check_sizes(path, cluster, profile, flags)
+    flags = _engine_flags(path, cluster, profile, engines.pick(profile.engine, cluster.multinode))
+    _check_sizes(path, profile, flags)
     _check_parallelism(path, cluster, flags)
     o = cluster.overrides
     redact.remember(o.api_key, *redact.secret_values(o.env, o.secret_env))
@@ -415,32 +413,28 @@ def _profiles_dir(cluster: Cluster, path: Path) -> Path:
     return cluster.profiles_dir if cluster.profiles_dir.is_absolute() else path.parent / cluster.profiles_dir
 
 
-# GLM-5.3's TensorFold engine serves at --tp 4 only, one rank per Spark (seed 001; its image is
-# built for that CUDA_TP): any other rank count would pass `plan` and fail at start on every rank.
-TENSORFOLD_TP = 4
-
-# TensorFold flags the plan sets from the cluster (plan._tensorfold_args), and where to set them.
-TENSORFOLD_MANAGED = {"--tp": "from ranks", "--rank": "from ranks", "--master": "from rendezvous",
-                      "--master-port": "from master_port",
-                      "--port": "from overrides.api_port", "--host": "0.0.0.0, so the API is reachable",
-                      "--name": "from model.served_name"}
-
-
-def _engine_flags(path: Path, cluster: Cluster, profile: Profile) -> list[vllm_flags.Flag]:
-    if profile.engine != "vllm":
-        _check_tensorfold(path, cluster, profile)
+def _engine_flags(path: Path, cluster: Cluster, profile: Profile,
+                 engine: engines.Engine) -> list[vllm_flags.Flag]:
+    """The profile's flags merged with overrides.engine_args (parsed here, once), each knowing
+    its source; an engine that takes its flags as written has none (its own parser checks them)."""
+    problems = engine.config_problems(path, cluster, profile)
+    if problems:
+        raise ConfigError(problems)
+    if engine.flags != engines.VLLM_FLAGS:
         return []
     plugin = frozenset(profile.plugin_flags)
     try:
-        overrides = vllm_flags.parse(vllm_flags.split_lines(cluster.overrides.engine_args), plugin)
+        overrides = vllm_flags.parse(vllm_flags.split_lines(cluster.overrides.engine_args), plugin,
+                                     vllm_flags.CONFIG)
     except (vllm_flags.FlagError, ValueError) as e:
         raise ConfigError([f"{path}: overrides.engine_args: {e}"]) from None
+    written = profile.flags()
     problems = [f"{where}: {problem}" for where, flags in ((f"{path}: overrides.engine_args", overrides),
-                                                           (f"profile {profile.name}", profile.flags()))
+                                                           (f"profile {profile.name}", written))
                 for problem in _secret_flags(flags)]
     if problems:
         raise ConfigError(problems)
-    return vllm_flags.merge(profile.flags(), overrides)
+    return vllm_flags.merge(written, overrides)
 
 
 # Engine flags that would put a secret on the `docker run` command line, where `ps` on the rank
@@ -454,32 +448,6 @@ def _secret_flags(flags: list[vllm_flags.Flag]) -> list[str]:
             for f in flags if f.key in SECRET_FLAGS and f.values]
 
 
-def _check_tensorfold(path: Path, cluster: Cluster, profile: Profile) -> None:
-    """TensorFold's flags are passed as written (its own parser checks them); the ones the plan
-    manages, and an API key TensorFold's server would not ask for, are refused here."""
-    problems = []
-    if len(cluster.ranks) != TENSORFOLD_TP:
-        problems.append(f"{path}: ranks: {len(cluster.ranks)} ranks listed, but profile {profile.name} "
-                        f"runs TensorFold's GLM-5.3 engine, which serves at --tp {TENSORFOLD_TP} only: "
-                        f"list {TENSORFOLD_TP} ranks, or choose a vLLM profile")
-    for where, lines in ((f"profile {profile.name}: args", profile.args),
-                         ("overrides.engine_args", cluster.overrides.engine_args)):
-        try:
-            tokens = vllm_flags.split_lines(lines)
-        except ValueError as e:
-            problems.append(f"{path}: {where}: {e}")
-            continue
-        for token in tokens:
-            name = token.partition("=")[0]
-            if name in TENSORFOLD_MANAGED:
-                problems.append(f"{path}: {where}: {name} is set by the plan ({TENSORFOLD_MANAGED[name]})")
-    if cluster.overrides.api_key:
-        problems.append(f"{path}: overrides.api_key: TensorFold's server checks no API key (seed 001: "
-                        "keep it on a private network); remove api_key for profile " + profile.name)
-    if problems:
-        raise ConfigError(problems)
-
-
 # Sizes vLLM's parser takes (any int) but its engine refuses: key -> (accepted?, what is expected).
 SIZE_FLAGS = {
     "tensor_parallel_size": (lambda n: n >= 1, "1 or more (one GPU per rank)"),
@@ -490,18 +458,15 @@ SIZE_FLAGS = {
 }
 
 
-def _check_sizes(path: Path, cluster: Cluster, profile: Profile, flags: list[vllm_flags.Flag]) -> None:
+def _check_sizes(path: Path, profile: Profile, flags: list[vllm_flags.Flag]) -> None:
     """Refuse the sizes SIZE_FLAGS refuses, naming where each was set, before the plan divides by them."""
-    if profile.engine != "vllm":
-        return
-    ours = vllm_flags.split_lines(cluster.overrides.engine_args)
-    user = {f.key for f in vllm_flags.parse(ours, frozenset(profile.plugin_flags))}
     problems = []
     for key, (accepted, expected) in SIZE_FLAGS.items():
-        flag = next((f for f in flags if f.key == key), None)
+        flag = vllm_flags.find(flags, key)
         if flag is None:
             continue
-        where = f"{path}: overrides.engine_args" if key in user else f"{path}: profile {profile.name}"
+        where = (f"{path}: overrides.engine_args" if flag.source == vllm_flags.CONFIG
+                 else f"{path}: profile {profile.name}")
         try:
             if not accepted(vllm_flags.converted(flags, key)):
                 problems.append(f"{where}: {shlex.join(flag.argv())}: expected {expected}")

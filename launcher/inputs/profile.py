@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, model_validator
+from pydantic_core import PydanticCustomError
 
 from . import vllm_flags
-from .. import resources
+from .. import engines, resources
 from ..errors import ConfigError, load_yaml_model
 from ..facts.checkpoint import ModelShape
 
@@ -39,6 +40,19 @@ def _env_vars(env: dict[str, str]) -> dict[str, str]:
 
 
 EnvVars = Annotated[dict[str, str], AfterValidator(_env_vars)]
+
+
+def one_of(known):
+    """A validator taking only what `known()` lists (the engines' names, their multi-node modes:
+    launcher/engines/), refused as an unknown Literal is."""
+    def check(value):
+        names = known()
+        if value not in names:
+            expected = " or ".join(", ".join(repr(k) for k in names).rsplit(", ", 1))
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
+    return BeforeValidator(check)
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -103,7 +117,7 @@ class Profile(Strict):
     name: str = ""
     description: str
     seeds: list[str] = []
-    engine: Literal["vllm", "tensorfold"] = "vllm"
+    engine: Annotated[str, one_of(engines.profile_engines)] = "vllm"  # which launcher/engines/ module serves it
     image: ImageSpec
     served_name: str
     api_port: int = Field(8000, ge=1, le=65535)
@@ -118,7 +132,8 @@ class Profile(Strict):
     bench: BenchDefaults = BenchDefaults()
 
     def flags(self) -> list[vllm_flags.Flag]:
-        return vllm_flags.parse(vllm_flags.split_lines(self.args), frozenset(self.plugin_flags))
+        return vllm_flags.parse(vllm_flags.split_lines(self.args), frozenset(self.plugin_flags),
+                                vllm_flags.PROFILE)
 
     def shape(self) -> ModelShape:
         return ModelShape(**self.defaults.model_shape.model_dump())
@@ -145,7 +160,7 @@ def load_profile(name: str, directory: Path = PROFILES_DIR, named_in: str = "") 
         why = f"no {path}" if PROFILE_NAME.fullmatch(name) else "not a profile name (letters, digits, . _ -)"
         raise ConfigError([f"{where}profile {name!r}: {why} (known profiles: {known})"])
     profile = load_yaml_model(path, Profile, "profile").model_copy(update={"name": name})
-    if profile.engine == "vllm":
+    if engines.pick(profile.engine).flags == engines.VLLM_FLAGS:
         try:
             profile.flags()
         except vllm_flags.FlagError as e:

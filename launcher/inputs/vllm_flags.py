@@ -5,24 +5,9 @@ The table (`data/vllm-serve-flags-0.33.json`) was read from vLLM's argument pars
 vendored so the kit works without the project's shared/ folder; a test keeps its first four keys
 identical to shared/vllm/serve-flags-0.33.json, which lacks "value".
 
-"value" says how vLLM's parser converts and checks the option's values, so that the sandbox's
-stand-in (and `parse` below) refuse what vLLM refuses, with its message:
-  argument  how argparse names the option in errors: all the option strings of its action,
-            e.g. "--speculative-config/-sc", "--enable-prefix-caching/--disable-prefix-caching"
-  kind      "switch" (no value; "sets": the boolean this option string stores), "help", or the
-            value parser: "int", "float", "str", "human_readable_int" (1k = 1000, 1K = 1024),
-            "human_readable_int_or_auto" (also auto/-1 -> -1), "json" (json.loads, any JSON),
-            "dataclass" (a config dataclass validated by pydantic: "class", and "fields" when it
-            refuses unknown keys: field -> the nested dataclass's schema or null), "dict_or_str"
-            (a JSON object if it looks like one, else the string), "lower_snake" (lower-cased,
-            `-` -> `_`, then the choices), "device_ids" ("0,1,uuid"), "reasoning_parser"
-            ("none" in any case -> "")
-  wrap      (optional) "optional_type": "" and "None" give None, a failing value reads "Value X
-            cannot be converted to <int/function>."; "parse_type": that message without the None
-  choices   (optional) the allowed converted values; null is None (allowed in Optional options)
-  const     (optional, nargs "?") the value of the option given bare
-  append    (optional) true: every use adds a value (argparse "append")
-  action    (optional) "lora_modules": vLLM's own action (`name=path` or a JSON object)
+"value" says how vLLM's parser converts and checks the option's values (the format, and the
+parsers themselves, are in `vllm_options`: stdlib only, shared with the sandbox's stand-in `vllm`,
+so `parse` below refuses what vLLM and the stand-in refuse, with vLLM's message).
 """
 
 from __future__ import annotations
@@ -31,11 +16,11 @@ import argparse
 import difflib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from ..sandbox.standins import standin_vllm  # vLLM's value parsers, stdlib-only, shared with the stand-in
+from . import vllm_options  # vLLM's value parsers, stdlib-only, shared with the sandbox's stand-in
 
 FLAGS_FILE = Path(__file__).parent / "data" / "vllm-serve-flags-0.33.json"
 
@@ -47,19 +32,26 @@ _JSON_KINDS = {"json", "dataclass", "dict_or_str"}
 
 @cache
 def table() -> dict[str, dict]:
-    return json.loads(FLAGS_FILE.read_text())
+    return vllm_options.read_table(FLAGS_FILE)
+
+
+# Where a flag was set (Flag.source): the profile's `args`, cluster.yaml's overrides.engine_args,
+# or the plan (the flags it manages).
+PROFILE, CONFIG, PLAN = "profile", "config", "plan"
 
 
 @dataclass(frozen=True)
 class Flag:
     """One option as written: `name` (e.g. `--max-model-len`), `key` (what it sets, used to
-    merge: `-tp` and `--tensor-parallel-size` share one), its value tokens, and whether it was
-    written `--name=value` (kept so the argv renders exactly as the profile wrote it)."""
+    merge: `-tp` and `--tensor-parallel-size` share one), its value tokens, whether it was
+    written `--name=value` (kept so the argv renders exactly as the profile wrote it), and where
+    it was set (`source`, kept through `merge`; not part of what the flag is)."""
 
     name: str
     values: tuple[str, ...] = ()
     inline: bool = False
     plugin: bool = False
+    source: str = field(default="", compare=False)  # PROFILE | CONFIG | PLAN
 
     @property
     def key(self) -> str:
@@ -95,8 +87,9 @@ def _spec_for(name: str) -> dict | None:
     return spec
 
 
-def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset()) -> list[Flag]:
-    """Group argv tokens into flags, refusing what vLLM 0.33 would refuse.
+def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset(), source: str = "") -> list[Flag]:
+    """Group argv tokens into flags, refusing what vLLM 0.33 would refuse; each flag's `source`
+    says where the tokens were written.
 
     `plugin_flags` are options a plugin adds to vLLM's parser; they are taken as written
     (`--x` alone is a switch, `--x v` carries one value)."""
@@ -110,7 +103,7 @@ def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset()) -> list
         i += 1
         if name in plugin_flags:
             values, i = _take(tokens, i, "?", inline_value if eq else None)
-            flags.append(Flag(name, values, bool(eq), plugin=True))
+            flags.append(Flag(name, values, bool(eq), plugin=True, source=source))
             continue
         spec = _spec_for(name)
         if spec is None:
@@ -123,7 +116,7 @@ def parse(tokens: list[str], plugin_flags: frozenset[str] = frozenset()) -> list
             raise FlagError(f"{name} expects a value")
         if nargs != "0":
             _check_values(name, spec, values)
-        flags.append(Flag(name, values, bool(eq)))
+        flags.append(Flag(name, values, bool(eq), source=source))
     return flags
 
 
@@ -132,11 +125,11 @@ def _check_values(name: str, spec: dict, values: tuple[str, ...]) -> None:
     dotted sub-key is checked as the JSON object vLLM makes of it (`--x.a.b=1` -> {"a":{"b":1}})."""
     base, dot, sub = name.partition(".")
     if dot:
-        nested = standin_vllm.dotted_value(values[0])
+        nested = vllm_options.dotted_value(values[0])
         for key in reversed(sub.split(".")):
             nested = {key: nested}
         values = (json.dumps(nested),)
-    convert = standin_vllm.converter(spec)
+    convert = vllm_options.converter(spec)
     choices = spec["value"].get("choices")
     for raw in values:
         try:
@@ -194,6 +187,11 @@ def merge(base: list[Flag], overrides: list[Flag]) -> list[Flag]:
     return merged
 
 
+def find(flags: list[Flag], key: str) -> Flag | None:
+    """The flag set for `key` (a dest), or None when absent."""
+    return next((f for f in flags if f.key == key), None)
+
+
 def value(flags: list[Flag], key: str) -> str | None:
     """The single value set for `key` (a dest), or None when absent."""
     for flag in flags:
@@ -209,7 +207,7 @@ def converted(flags: list[Flag], key: str):
     if flag is None or not flag.values:
         return None
     try:
-        return standin_vllm.converter(table()[flag.name])(flag.values[0])
+        return vllm_options.converter(table()[flag.name])(flag.values[0])
     except (argparse.ArgumentTypeError, TypeError, ValueError):  # a plugin flag taken as written
         raise FlagError(f"{flag.name}: invalid value {flag.values[0]!r}") from None
 

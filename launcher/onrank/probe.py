@@ -7,7 +7,8 @@ This file is sent as it is, on stdin, and run on the rank as
 so it must stay a self-contained script: Python 3.8+ standard library only (DGX OS / Ubuntu and
 the sandbox's Debian have python3, nothing else is promised), no imports from `launcher`. It
 prints ONE JSON object of RAW outputs -- file contents, command stdout and exit codes -- and
-leaves every interpretation to the pure parsers in `launcher/facts/facts.py`, where it can be tested.
+leaves every interpretation to the pure parsers in `launcher/facts/` (one module per subject),
+where they can be tested.
 A missing source (no docker, no nvidia-smi, no /sys/class/infiniband) is recorded, never fatal:
 the probe itself exits 0 unless its arguments are unreadable.
 

@@ -8,8 +8,8 @@ Each image is built in two steps:
    This is the slow part (about a minute per image on 2 cores) and changes almost never.
 2. a *files* stage: a tiny ``docker build`` on top that only COPYs the sandbox's own files
    (the rank's init script and sshd settings; the stand-in ``vllm`` and ``ray`` programs, vLLM's
-   flags table, the stand-in ``tensorfold`` package), tagged by the hash of the parent tag and
-   those files.
+   flags table and the kit's value parsers (``launcher/inputs/vllm_options.py``), the stand-in
+   ``tensorfold`` package), tagged by the hash of the parent tag and those files.
 
 An image whose tag exists is reused as is, so a second ``sandbox up`` builds nothing, and a
 change to the stand-in program rebuilds only the small files stage.
@@ -63,6 +63,14 @@ def serve_flags_file() -> Path:
 
 def standin_program() -> Path:
     return STANDINS / "standin_vllm.py"
+
+
+def value_parsers_file() -> Path:
+    """vLLM's value parsers, the kit's stdlib-only module: installed beside the stand-ins, which
+    import it as a sibling (the files stage's hash covers it, so a change rebuilds the image)."""
+    from ..inputs import vllm_options
+
+    return Path(vllm_options.__file__)
 
 
 def mirror() -> str:
@@ -336,25 +344,28 @@ TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbo
                    b'__version__ = "0.6.5"\n')
 # Stand-in modules installed side by side in dist-packages: the TensorFold stand-in imports the
 # vLLM stand-in's HTTP engine and standin_dist's cluster forming; the vLLM stand-in registers
-# the memory it loads through standin_mem.
+# the memory it loads through standin_mem, and parses its values with the kit's vllm_options
+# (value_parsers_file), copied beside them.
 STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py",
                    "standin_mem.py")
+# A stand-in installed under the real program's module path instead of its own name.
+INSTALLED_AS = {"standin_tensorfold.py": "tensorfold/cli.py"}
 
 
 def standin_site_packages() -> dict[str, bytes]:
     """dist-packages files of the stand-in image, by path under dist-packages."""
     files = dict(STANDIN_PACKAGE)
-    files.update({name: (STANDINS / name).read_bytes()
-                  for name in ("standin_vllm.py", "standin_dist.py", "standin_ray.py", "standin_mem.py")})
+    files.update({INSTALLED_AS.get(name, name): (STANDINS / name).read_bytes() for name in STANDIN_MODULES})
+    files["vllm_options.py"] = value_parsers_file().read_bytes()
     files["tensorfold/__init__.py"] = TENSORFOLD_INIT
-    files["tensorfold/cli.py"] = (STANDINS / "standin_tensorfold.py").read_bytes()
     return files
 
 
 def standin_stage() -> FilesStage:
     flags = serve_flags_file()
     for path, what in ([(STANDINS / m, f"the stand-in {m}") for m in STANDIN_MODULES]
-                       + [(flags, "vLLM's serve flags table")]):
+                       + [(flags, "vLLM's serve flags table"),
+                          (value_parsers_file(), "vLLM's value parsers (the kit's vllm_options)")]):
         if not path.is_file():
             raise SandboxError(f"{what} is missing: {path}",
                                "restore it from the repository (git checkout -- launcher)")

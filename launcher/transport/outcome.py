@@ -4,19 +4,17 @@ exception it raised, kept beside the other ranks' results instead of replacing t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ..errors import SparkstackError
-
-if TYPE_CHECKING:
-    from .remote import Target
+from .target import Target
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class RankOutcome(Generic[T]):
-    target: "Target"
+    target: Target
     value: T | None = None
     error: BaseException | None = None
 

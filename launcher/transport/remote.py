@@ -34,6 +34,7 @@ from tenacity import (RetryCallState, retry, retry_if_exception, stop_after_atte
 from ..errors import SparkstackError
 from ..inputs.config import split_jump
 from .outcome import RankOutcome, values
+from .target import Target
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
 KEEPALIVE_S = 15
@@ -57,27 +58,6 @@ _cancel = threading.local()  # .event: the Group.gather cancel event of the thre
 # paramiko's transport thread logs every failed handshake with a traceback; with no handler
 # configured Python would print those to the terminal. Our own messages say what failed.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where one rank's sshd is, as the config says."""
-
-    rank: int
-    label: str
-    address: str
-    port: int = 22
-    user: str = "root"
-    key: Path | None = None
-    jump: str | None = None  # "user@host:port"
-
-    @property
-    def name(self) -> str:
-        return f"rank {self.rank} ({self.label})"
-
-    @property
-    def known_hosts_name(self) -> str:
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
 
 @dataclass

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...inputs import apikey
 from ...status import Status
 from . import row

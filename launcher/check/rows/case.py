@@ -11,8 +11,8 @@ from ...errors import SparkstackError
 from ...facts import fabric
 from ...gather.value import Gathered
 from ...inputs import vllm_guard
-from ...plan import plan as planning
-from ...plan.plan import MemoryNeed, memory_guard, rank_memory
+from ...plan import cluster_plan as planning
+from ...plan.cluster_plan import MemoryNeed, memory_guard, rank_memory
 from ...status import Finding, Status
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ...facts import load_path
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...inputs import node_settings
 from ...inputs.config import Loaded
 from ...onrank.probe import NOT_ANSWERING

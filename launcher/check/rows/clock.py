@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...status import Status
 from . import row
 from .case import Case, RankReport

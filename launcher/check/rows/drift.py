@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...status import Status
 from .case import RankReport
 

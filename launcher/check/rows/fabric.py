@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ...facts import fabric
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...status import Status
 from . import row
 from .case import Case, RankReport

@@ -5,7 +5,7 @@ the GPU clock lock.
 
 from __future__ import annotations
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...inputs import node_settings
 from ...status import Status
 from . import row

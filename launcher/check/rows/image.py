@@ -4,7 +4,7 @@ host's when it has the image, else the same on every rank).
 
 from __future__ import annotations
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...status import Status
 from . import row
 from .case import Case, RankReport

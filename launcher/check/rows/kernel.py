@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from . import row
 from .case import Case, RankReport
 from .drift import drift_row

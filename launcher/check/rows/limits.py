@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from ...facts.facts import Facts, UNLIMITED
+from ...facts.limits import UNLIMITED
+from ...facts.record import Facts
 from ...inputs import node_settings
 from ...status import Status
 from . import row

@@ -5,9 +5,9 @@ utilisation, what stays free while serving (the plan's KV pool), swap.
 from __future__ import annotations
 
 from ...errors import SparkstackError
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...inputs.config import no_swap
-from ...plan import plan as planning
+from ...plan import cluster_plan as planning
 from ...plan.kv import GIB, gib
 from ...status import Status
 from . import row

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...status import Status
 from . import row
 from .case import Case, RankReport

@@ -9,7 +9,7 @@ a ring (the sockets use the management network).
 from __future__ import annotations
 
 from ...facts import fabric
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...gather.extras import PingAnswer, PingTarget
 from ...status import Status
 from . import row

@@ -4,7 +4,7 @@ ssh row and nothing else (launcher/check/report.py `evaluate`).
 
 from __future__ import annotations
 
-from ...facts.facts import Facts
+from ...facts.record import Facts
 from ...status import Status
 from . import row
 from .case import Case, RankReport

@@ -48,7 +48,7 @@ import sys
 import time
 import uuid
 
-MEMTOTAL_KB = 127_600_000  # DESIGN.md: MemTotal on a GB10 is about 127,600,000 kB
+MEMTOTAL_KB = 127_600_000  # docs/architecture.md, "The GB10's memory": MemTotal is about 127,600,000 kB
 BOOT_CACHE_KB = 2_100_000  # page cache of a freshly booted Spark
 LOW_WMARK_KB = 250_000  # the low watermark: reclaim keeps this much free; not "available"
 DROP_RESIDUAL_KB = 310_000  # page cache a drop leaves: pages mapped by running programs

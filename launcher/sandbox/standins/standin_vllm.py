@@ -99,6 +99,16 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+try:  # vLLM's value parsers, the kit's own: installed beside the stand-ins in the image's dist-packages
+    import vllm_options
+except ImportError:  # run from the repository: the kit's file itself, launcher/inputs/vllm_options.py
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("vllm_options", os.path.join(
+        os.path.dirname(os.path.realpath(__file__)), "..", "..", "inputs", "vllm_options.py"))
+    vllm_options = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(vllm_options)
+
 DEFAULT_FLAGS = "/usr/share/sandbox-vllm/serve-flags.json"
 DEFAULT_RECORD = "/var/log/sandbox-vllm/record.json"
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` uses when no model is named
@@ -125,141 +135,12 @@ def log(msg: str, level: str = "INFO") -> None:
 
 
 # ---------------------------------------------------------------- argv, like FlexibleArgumentParser
-# Each option's "value" entry in the table says how vLLM converts its values (the format is in
-# launcher/inputs/vllm_flags.py); the functions below are vLLM's, named as vLLM names them, because
-# argparse puts a converter's name (or, in vLLM's wrappers, its repr) in its messages.
+# Each option's "value" entry in the table says how vLLM converts its values; the format and vLLM's
+# value parsers are in vllm_options (launcher/inputs/vllm_options.py, shared with the kit's flag
+# checks); below is vLLM's argparse around them.
 
-PYDANTIC_DOCS = "https://errors.pydantic.dev/2.14/v/"  # vLLM 0.33's pydantic, in its messages
 TOP_USAGE = ("usage: vllm [-h] [-v]\n            {chat,complete,serve,launch,bench,collect-env,"
              "download-kernels,preload,run-batch,snapshot}\n            ...")
-
-
-def human_readable_int(value: str) -> int:
-    """vLLM's `1k` = 1000, `1K` = 1024 (binary suffixes take no decimals), else a plain int."""
-    value = value.strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
-    if not m:
-        return int(value)
-    number, suffix = m.groups()
-    if suffix.islower():
-        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
-    if "." in number:
-        raise argparse.ArgumentTypeError(
-            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
-            f"{number}{suffix.lower()} instead?")
-    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
-
-
-def human_readable_int_or_auto(value: str) -> int:
-    value = value.strip()
-    return -1 if value == "-1" or value.lower() == "auto" else human_readable_int(value)
-
-
-def parse_type(return_type):
-    """vLLM's wrapper: a ValueError becomes "Value X cannot be converted to <repr>."."""
-    def _parse_type(val: str):
-        try:
-            return return_type(val)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(
-                f"Value {val} cannot be converted to {return_type}.") from e
-    return _parse_type
-
-
-def optional_type(return_type):
-    """vLLM's Optional wrapper: "" and "None" (that spelling only) are None."""
-    def _optional_type(val: str):
-        return None if val in ("", "None") else parse_type(return_type)(val)
-    return _optional_type
-
-
-def union_dict_and_str(val: str):
-    """A JSON object when it looks like one, else the string itself."""
-    if not re.match(r"(?s)^\s*{.*}\s*$", val):
-        return val
-    return optional_type(json.loads)(val)
-
-
-def parse_reasoning_parser(val: str) -> str:
-    return "" if val.lower() == "none" else val
-
-
-def pydantic_error(cls: str, errors: list[tuple[tuple, str, str, object]]) -> str:
-    """pydantic's ValidationError text, as vLLM's parse_dataclass reports it:
-    errors are (location, message, error type, input value)."""
-    lines = [f"{len(errors)} validation error{'s' if len(errors) > 1 else ''} for {cls}"]
-    for loc, msg, kind, value in errors:
-        if loc:
-            lines.append(".".join(loc))
-        lines += [f"  {msg} [type={kind}, input_value={value!r}, "
-                  f"input_type={type(value).__name__}]",
-                  f"    For further information visit {PYDANTIC_DOCS}{kind}"]
-    return "\n".join(lines)
-
-
-# Python's json messages that read differently in pydantic's parser (jiter).
-JITER_WORDS = {"Expecting property name enclosed in double quotes": "key must be a string",
-               "Expecting value": "expected value", "Extra data": "trailing characters"}
-
-
-def unknown_keys(schema: dict, obj: dict, loc: tuple = ()) -> list:
-    """The keys a closed config dataclass refuses: nested fields first, then its own."""
-    fields = schema.get("fields")
-    if fields is None:
-        return []  # pydantic takes any key here
-    errors = []
-    for name, sub in fields.items():
-        if sub and isinstance(obj.get(name), dict):
-            errors += unknown_keys(sub, obj[name], (*loc, name))
-    return errors + [((*loc, k), "Unexpected keyword argument", "unexpected_keyword_argument", v)
-                     for k, v in obj.items() if k not in fields]
-
-
-def expand_human_numbers(val: str) -> str:
-    """vLLM's `{"size": 80m}` -> `{"size": 80000000}`, outside JSON strings only."""
-    parts = re.split(r'("(?:[^"\\]|\\.)*")', val)
-    for i in range(0, len(parts), 2):
-        parts[i] = re.sub(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b",
-                          lambda m: str(human_readable_int(m.group())), parts[i])
-    return "".join(parts)
-
-
-def dataclass_parser(schema: dict):
-    """vLLM validates a config dataclass's JSON with pydantic: the JSON, that it is an object,
-    and (for closed dataclasses) its keys. Field values are not checked here."""
-    def parse_dataclass(val: str):
-        val = expand_human_numbers(val)
-        try:
-            out = json.loads(val)
-        except json.JSONDecodeError as e:
-            words = JITER_WORDS.get(e.msg, e.msg)
-            error = ((), f"Invalid JSON: {words} at line {e.lineno} column {e.colno}",
-                     "json_invalid", val)
-            raise argparse.ArgumentTypeError(pydantic_error(schema["class"], [error])) from None
-        errors = (unknown_keys(schema, out) if isinstance(out, dict) else
-                  [((), "Input should be an object", "dataclass_type", out)])
-        if errors:
-            raise argparse.ArgumentTypeError(pydantic_error(schema["class"], errors))
-        return out
-    return parse_dataclass
-
-
-KINDS = {"int": int, "float": float, "str": str, "json": json.loads,
-         "human_readable_int": human_readable_int,
-         "human_readable_int_or_auto": human_readable_int_or_auto,
-         "dict_or_str": union_dict_and_str, "reasoning_parser": parse_reasoning_parser,
-         "lower_snake": lambda s: s.lower().replace("-", "_"),
-         "device_ids": lambda s: [int(d) if d.isdigit() else d for d in
-                                  (part.strip() for part in s.split(","))]}
-
-
-def converter(spec: dict):
-    """The `type=` function vLLM gives this option (table entry's "value")."""
-    value = spec["value"]
-    kind = value["kind"]
-    func = dataclass_parser(value) if kind == "dataclass" else KINDS[kind]
-    wrap = {"optional_type": optional_type, "parse_type": parse_type}.get(value.get("wrap"))
-    return wrap(func) if wrap else func
 
 
 class Switch(argparse.Action):
@@ -316,7 +197,7 @@ def argument_kwargs(table: dict, opts: list[str]) -> dict:
     kw: dict = {"dest": spec["dest"], "default": argparse.SUPPRESS}
     if value["kind"] == "switch":
         return {**kw, "action": Switch, "sets": {o: table[o]["value"]["sets"] for o in opts}}
-    kw["type"] = converter(spec)
+    kw["type"] = vllm_options.converter(spec)
     if spec["nargs"] in ("+", "?"):
         kw["nargs"] = spec["nargs"]
     if "const" in value:
@@ -361,24 +242,13 @@ def normalise_argv(args: list[str]) -> list[str]:
         if key.endswith("+"):
             key, value = key[:-1], json.dumps(value.split(","))
         base, *path = key.split(".")
-        nested = dotted_value(value)
+        nested = vllm_options.dotted_value(value)
         for part in reversed(path):
             nested = {part: nested}
         update_nested(merged.setdefault(base, {}), nested)
     for base, value in merged.items():
         kept += [base, json.dumps(value)]
     return kept
-
-
-def dotted_value(text: str):
-    """JSON if it parses, else a human-readable int (`80g`), else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            return human_readable_int(text)
-        except (ValueError, argparse.ArgumentTypeError):
-            return text
 
 
 def update_nested(original: dict, update: dict) -> None:
@@ -1100,8 +970,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: STOP.set())
     flags = os.environ.get("SANDBOX_VLLM_FLAGS", DEFAULT_FLAGS)
     try:
-        with open(flags) as f:
-            table = json.load(f)
+        table = vllm_options.read_table(flags)
     except (OSError, ValueError) as e:
         print(f"vllm (sandbox stand-in): cannot read the option table {flags}: {e}; "
               f"set SANDBOX_VLLM_FLAGS", file=sys.stderr)

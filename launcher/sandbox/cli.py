@@ -1,4 +1,6 @@
-"""`sparkstack sandbox up | down | status [--json]`."""
+"""`sparkstack sandbox up | down | status [--json]`: the sandbox's own command group, which the
+CLI names by its import string (launcher/cli/commands.py's table), so nothing outside sandbox/
+imports sandbox/."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .console import err, friendly, make_table, out, plain, print_table
+from ..cli.console import err, friendly, make_table, out, plain, print_table
 
 _friendly = friendly("interrupted; `sparkstack sandbox up` again resumes, "
                      "`sparkstack sandbox down` cleans up")
@@ -55,7 +57,7 @@ def sandbox():
 @_friendly
 def up(state_dir, ranks, topology, as_json):
     """Create the ranks (or adopt running ones), cable their fabric, and write cluster.yaml."""
-    from ..sandbox import cluster
+    from . import cluster
 
     result = cluster.up(state_dir, progress=_progress, ranks=ranks, cabling=topology)
     if as_json:
@@ -89,7 +91,7 @@ def _print_ranks(ranks, colour: bool = False) -> None:
 @_friendly
 def down(state_dir, purge):
     """Remove every container, network and volume the sandbox created (nothing else)."""
-    from ..sandbox import cluster
+    from . import cluster
 
     removed = cluster.down(state_dir, purge=purge)
     n = sum(len(v) for v in removed.values())
@@ -104,7 +106,7 @@ def down(state_dir, purge):
 @_friendly
 def status(state_dir, as_json):
     """Each rank's address, login and whether its own dockerd answers."""
-    from ..sandbox import cluster
+    from . import cluster
 
     result = cluster.status(state_dir)
     if as_json:

@@ -11,18 +11,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from . import caches, engine, kv
-from .. import redact
+from . import caches, kv
+from .. import engines, redact
 from ..errors import ConfigError, PlanRefused, SparkstackError
 from ..facts import fabric, load_path
-from ..facts.facts import Facts
+from ..facts.record import Facts
 from ..gather.value import Gathered, ModelFacts, parallelism
 from ..inputs import apikey, vllm_flags, vllm_guard
 from ..inputs.config import Cluster, ContainerSettings, Loaded, cluster_name, master_port, rendezvous
 
 # A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
-# 127,600,000 kB (≈ 121.7 GiB, DESIGN.md), and MemAvailable once page caches are dropped and
-# nothing runs: 122,771,456 kB (≈ 117.1 GiB, tests/facts_cases/meminfo_gb10_caches_dropped.json).
+# 127,600,000 kB (≈ 121.7 GiB, docs/architecture.md), and MemAvailable once page caches are
+# dropped and nothing runs: 122,771,456 kB (≈ 117.1 GiB,
+# tests/facts_cases/meminfo_gb10_caches_dropped.json).
 GB10_MEM_TOTAL = 127_600_000 * 1024
 GB10_MEM_AVAILABLE = 122_771_456 * 1024
 
@@ -131,7 +132,7 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
     tp, _ = parallelism(loaded)
     assumed += model.assumed
     sizing = _size_kv(loaded, model, memory, assumed)
-    guard = memory_guard(loaded, memory) if profile.engine == "vllm" else None
+    guard = memory_guard(loaded, memory) if loaded.engine.startup_guard else None
     if guard and guard.utilization is None:
         raise PlanRefused(f"profile {profile.name} cannot start: {guard.note}. Free memory on that "
                           "rank (sparkstack prep) or lower overrides.runtime_overhead_gib")
@@ -140,18 +141,15 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
     image = inputs.image
     assumed += inputs.image_assumed
     fabric_env = fabric_envs(loaded, facts, assumed)  # NCCL's pins, whatever the engine
-    managed = [vllm_flags.Flag("--tensor-parallel-size", (str(tp),))] if \
-        vllm_flags.value(flags, "tensor_parallel_size") is None else []
-    if sizing and not profile.kv.engine_managed:
-        managed.append(vllm_flags.Flag("--kv-cache-memory-bytes", (str(sizing.kv_cache_memory_bytes),)))
-    if guard and guard.source == "plan":  # a profile's or the user's value that stays is as written
-        managed.append(vllm_flags.Flag("--gpu-memory-utilization", (str(guard.utilization),)))
+    sized = Sized(tp if vllm_flags.value(flags, "tensor_parallel_size") is None else None,
+                  sizing.kv_cache_memory_bytes if sizing and not profile.kv.engine_managed else None,
+                  # a profile's or the user's value that stays is as written
+                  guard.utilization if guard and guard.source == vllm_flags.PLAN else None)
     master = rendezvous(loaded, fabric_env)
-    ranks = [_rank_plan(loaded, r, image, vllm_flags.merge(flags, managed), fabric_env.get(r, {}), master,
+    ranks = [_rank_plan(loaded, r, image, sized, fabric_env.get(r, {}), master,
                         key.value, _prebuilt_id(loaded, image, facts.get(r)))
              for r in range(len(cluster.ranks))]
-    notes = [ray_note(master)] if engine.template_name(profile.engine, cluster.multinode,
-                                                      len(cluster.ranks)) == "vllm-ray.j2" else []
+    notes = loaded.engine.notes(master, len(cluster.ranks))
     nfs = cluster.model.nfs.server if cluster.model.nfs else None
     load = load_path.for_ranks(facts, nfs)
     return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,
@@ -188,17 +186,6 @@ def free_floor_fix(loaded: Loaded) -> str:
 def serving_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int]]) -> kv.KvSizing:
     """The KV pool the plan would size for ranks with `memory` (PlanRefused when none fits)."""
     return _size_kv(loaded, model, memory, [])
-
-
-def ray_note(master: str) -> str:
-    """What vLLM on Ray leaves open (templates/engine/vllm-ray.j2)."""
-    return (f"Ray head on rank 0, joined at {master}:{engine.RAY_PORT}; no dashboard "
-            "(--include-dashboard=false). vLLM's Ray executor meets its workers at a free port it "
-            "picks on rank 0: master_port / --master-port apply to multinode: native only. "
-            "Ray's own servers (its GCS on rank 0, raylet, object "
-            "manager and workers on every rank) listen on every interface whatever the flags (Ray has "
-            "no option to bind them) and run code for whoever reaches them: keep the ranks' networks "
-            "private, or firewall those ports to the ranks (see them: ss -ltnp)")
 
 
 def fabric_envs(loaded: Loaded, facts: dict[int, Facts], assumed: list[str]) -> dict[int, dict[str, str]]:
@@ -279,10 +266,8 @@ def _given_utilization(loaded: Loaded) -> tuple[float | None, str]:
     or else in the profile ("profile"); (None, "plan") when neither sets one."""
     written = vllm_flags.value(loaded.flags, "gpu_memory_utilization")
     if written is None:
-        return None, "plan"
-    user = vllm_flags.parse(vllm_flags.split_lines(loaded.cluster.overrides.engine_args),
-                            frozenset(loaded.profile.plugin_flags))
-    by_user = vllm_flags.value(user, "gpu_memory_utilization") is not None
+        return None, vllm_flags.PLAN
+    by_user = vllm_flags.find(loaded.flags, "gpu_memory_utilization").source == vllm_flags.CONFIG
     where = f"{loaded.path}: overrides.engine_args" if by_user else f"profile {loaded.profile.name}"
     try:
         utilization = float(written)
@@ -291,7 +276,7 @@ def _given_utilization(loaded: Loaded) -> tuple[float | None, str]:
     if not 0 < utilization <= 1:
         raise ConfigError([f"{where}: --gpu-memory-utilization {written!r}: expected a fraction "
                            "of memory above 0 and at most 1, e.g. 0.8"])
-    return utilization, "config" if by_user else "profile"
+    return utilization, vllm_flags.CONFIG if by_user else vllm_flags.PROFILE
 
 
 def _size_kv(loaded: Loaded, model: ModelFacts, memory: dict[int, tuple[int, int]],
@@ -373,12 +358,12 @@ def _prebuilt_id(loaded: Loaded, image: str, f: Facts | None) -> str | None:
     return found.id if found else None
 
 
-def _rank_plan(loaded: Loaded, r: int, image: str, flags: list[vllm_flags.Flag],
+def _rank_plan(loaded: Loaded, r: int, image: str, sized: Sized,
                fabric_env: dict[str, str], master: str, api_key: str | None,
                image_id: str | None = None) -> RankPlan:
     env = {**caches.env(loaded.cluster), **rank_env(loaded, r, fabric_env, api_key)}  # the config's env wins
     return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, image_id),
-                    _engine_argv(loaded, r, flags, _host_ip(loaded, r, fabric_env), master))
+                    _engine_argv(loaded, r, sized, _host_ip(loaded, r, fabric_env), master))
 
 
 def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str], api_key: str | None = None) -> dict[str, str]:
@@ -389,14 +374,13 @@ def rank_env(loaded: Loaded, r: int, fabric_env: dict[str, str], api_key: str | 
         env.update(fabric.topology_env(cluster.topology))  # also before the rank is probed
         if cluster.fabric.gid_index is not None:  # pinned on request only (launcher/facts/fabric.py)
             env["NCCL_IB_GID_INDEX"] = str(cluster.fabric.gid_index)
-    if profile.engine == "vllm":
-        env["VLLM_HOST_IP"] = _host_ip(loaded, r, fabric_env)
-    # TensorFold takes its rank, master and model as flags (_engine_argv), not env;
+    if loaded.engine.host_ip_env:  # TensorFold takes its rank, master and model as flags, not env
+        env[loaded.engine.host_ip_env] = _host_ip(loaded, r, fabric_env)
     # the rank's own NICs, HCAs and sockets (_host_ip chose VLLM_HOST_IP); the config's env still wins
     env.update({k: v for k, v in fabric_env.items() if k != "VLLM_HOST_IP"})
     env.update(nccl_env(cluster))
     env.update(cluster.overrides.env)
-    if api_key:  # apikey.resolve gives none for TensorFold, which reads no key
+    if api_key:  # apikey.resolve gives none for an engine that reads no key (TensorFold)
         env["VLLM_API_KEY"] = api_key
     return env
 
@@ -436,8 +420,8 @@ def host_settings(c: ContainerSettings) -> list[str]:
 
 
 def _docker_run(loaded: Loaded, r: int, image: str, image_id: str | None = None) -> list[str]:
-    """The container every rank runs (DESIGN.md § serving): host network and IPC, the GPU, the
-    RDMA devices, NCCL-sized ulimits, first in line for the OOM killers (OOM_SCORE_ADJ), the
+    """The container every rank runs (docs/architecture.md § serving): host network and IPC, the
+    GPU, the RDMA devices, NCCL-sized ulimits, first in line for the OOM killers (OOM_SCORE_ADJ), the
     checkpoint read-only at the same path, the image's compile caches (caches.py); its
     environment on stdin (env_file)."""
     model = loaded.cluster.model.serving_path  # the staged copy when model.local_path is set
@@ -451,37 +435,30 @@ def _docker_run(loaded: Loaded, r: int, image: str, image_id: str | None = None)
     return argv + [image]
 
 
-def _engine_argv(loaded: Loaded, r: int, flags: list[vllm_flags.Flag], host_ip: str, master: str) -> list[str]:
-    """The container's command after the image, from templates/engine (launcher/plan/engine.py)."""
-    cluster, profile = loaded.cluster, loaded.profile
-    served = cluster.model.served_name or profile.served_name
-    port = cluster.overrides.api_port or profile.api_port
-    args: list[str] = []
-    if profile.engine == "tensorfold":
-        args = _tensorfold_args(loaded, r, served, port, master)
-    elif profile.engine == "vllm":
-        F = vllm_flags.Flag
-        managed = [F("--served-model-name", (served,)), F("--port", (str(port),))]
-        if len(cluster.ranks) > 1 and cluster.multinode == "ray":  # workers join rank 0's Ray head
-            managed.append(F("--distributed-executor-backend", ("ray",)))
-        elif len(cluster.ranks) > 1:  # vLLM's native multi-node: one process per Spark
-            managed += [F("--nnodes", (str(len(cluster.ranks)),)), F("--node-rank", (str(r),)),
-                        F("--master-addr", (master,)), F("--master-port", (str(master_port(loaded)),))]
-            if r > 0:
-                managed.append(F("--headless"))
-        args = vllm_flags.render(vllm_flags.merge(flags, managed))
-    return engine.command(profile.engine, cluster.multinode, rank=r, n_ranks=len(cluster.ranks),
-                          model=cluster.model.serving_path, args=args, host_ip=host_ip, head=master)
+@dataclass(frozen=True)
+class Sized:
+    """What the plan sized that the engine is told (engines.RankStart); None: not the plan's."""
+
+    tp: int | None
+    kv_cache_bytes: int | None
+    utilization: float | None
 
 
-def _tensorfold_args(loaded: Loaded, r: int, served: str, port: int, master: str) -> list[str]:
-    """Seed 001's recipe (one-shot.sh): `serve MODEL --tp N --rank R --master M --port P --host
-    0.0.0.0 --name NAME` plus an explicit --master-port (config.master_port), then the profile's flags and the config's (TensorFold's argparse takes
-    the last of a repeated flag, so the config's win). --host: TensorFold listens on 127.0.0.1
-    by default, which the control host cannot reach."""
-    cluster = loaded.cluster
-    managed = ["--tp", str(len(cluster.ranks)), "--rank", str(r), "--master", master,
-               "--master-port", str(master_port(loaded)), "--port", str(port), "--host", "0.0.0.0",
-               "--name", served]
-    return managed + vllm_flags.split_lines(loaded.profile.args) + vllm_flags.split_lines(
-        cluster.overrides.engine_args)
+def _engine_argv(loaded: Loaded, r: int, sized: Sized, host_ip: str, master: str) -> list[str]:
+    """The container's command after the image, from the engine's template (launcher/engines/):
+    the flags it manages merged over the profile's and the config's (vLLM), or before them as
+    written (TensorFold: its argparse takes the last of a repeated flag, so the config's win)."""
+    cluster, profile, engine = loaded.cluster, loaded.profile, loaded.engine
+    start = engines.RankStart(r, len(cluster.ranks), cluster.model.serving_path,
+                              cluster.model.served_name or profile.served_name,
+                              cluster.overrides.api_port or profile.api_port, host_ip, master,
+                              master_port(loaded), tp=sized.tp, kv_cache_bytes=sized.kv_cache_bytes,
+                              utilization=sized.utilization)
+    managed = engine.managed(start)
+    if engine.flags == engines.VLLM_FLAGS:
+        ours = [vllm_flags.Flag(name, values, source=vllm_flags.PLAN) for name, values in managed]
+        args = vllm_flags.render(vllm_flags.merge(loaded.flags, ours))
+    else:
+        args = [token for name, values in managed for token in (name, *values)]
+        args += vllm_flags.split_lines(profile.args) + vllm_flags.split_lines(cluster.overrides.engine_args)
+    return engine.command(start, args)

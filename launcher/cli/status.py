@@ -1,0 +1,66 @@
+"""`sparkstack status`: per rank the serving container, MemAvailable and compile caches; the API."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import SparkstackError
+from .console import out
+from .shared import json_option, print_ranks, trust_option, with_cluster
+
+
+@click.command()
+@with_cluster()
+@json_option
+@trust_option()
+def status(loaded, as_json, trust_new_hosts):
+    """Per rank: the serving container's state and uptime, the rank's MemAvailable now, its
+    image, and the API on rank 0; with a supervisor (`up --keep`), its restarts and the last
+    cause it found."""
+    from ..transport import api
+    from ..apply import deploy, engine_caches, prep, serve
+
+    with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
+        states = serve.states(group)
+        reached = [s.rank for s in states if s.state != "unreachable"]
+        mem = prep.read_mem_available(group, reached)
+        cache = engine_caches.sizes(loaded, group, reached)
+    ep = api.endpoint(loaded)
+    from ..apply import supervisor
+
+    available = {r: v if isinstance(v, int) else None for r, v in mem.items()}
+    data = {"ranks": [{**s.to_json(), "mem_available": available.get(s.rank),
+                       "compile_cache": cache.get(s.rank) if isinstance(cache.get(s.rank), dict) else None}
+                      for s in states],
+            "api": {"url": ep.url, "healthy": api.health(ep)},
+            "keep": supervisor.summary(supervisor.log_path(loaded))}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        print_ranks([_status_row(s, mem.get(s.rank), cache.get(s.rank)) for s in states])
+        out.print(f"API {ep.url}: {'healthy' if data['api']['healthy'] else 'not answering'}")
+        if data["keep"]:
+            k = data["keep"]
+            out.print(f"supervisor (up --keep): {k['restarts']} restart(s)"
+                      + (f"; last cause at {k['last_cause_at']}: {k['last_cause']}" if k["last_cause"] else ""),
+                      markup=False)
+    if all(s.state == "unreachable" for s in states):
+        raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
+                              "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
+
+
+def _status_row(s, mem: int | str | None, cache: dict[str, int] | str | None = None) -> tuple:
+    """A rank's row; why a rank is unreachable (or unknown) goes last, where a long text pushes
+    no other column aside. `mem`: its MemAvailable, or why it could not be read; `cache`: its
+    compile caches' bytes by image (engine_caches.sizes)."""
+    from ..plan.kv import gib
+
+    shown = "" if mem is None else f"MemAvailable {gib(mem) if isinstance(mem, int) else '?'}"
+    if s.state in ("unreachable", "unknown"):
+        return s.rank, s.host, s.state, shown, "", s.image, s.describe()
+    kept = "" if cache is None else "compile cache " + (
+        "?" if isinstance(cache, str) else f"{sum(cache.values()) / 2**20:.1f} MiB" if cache else "empty")
+    return (s.rank, s.host, s.describe(), shown, kept, s.image,
+            f"since {s.started_at}" if s.state == "running" else "")
