@@ -17,7 +17,7 @@ PACKAGE = ROOT / "launcher"
 
 # The floor plan, bottom to top (docs/architecture.md): a folder may import only the folders of
 # the layers beneath it. "launcher" is the package's own top-level modules (ROOT_MODULES). A
-# declared folder may not exist yet (OPTIONAL); a folder that is not declared is a violation.
+# declared folder must exist, and a folder that is not declared is a violation.
 LAYERS = (
     ("launcher",),                            # 0  errors, redact, resources, status (Finding)
     ("launcher.onrank",),                     # 1  scripts sent to a rank (stdlib only)
@@ -34,7 +34,6 @@ LAYERS = (
     ("launcher.sandbox",),                    # 12 imported by nothing outside it
 )
 ROOT_MODULES = {"__init__", "errors", "redact", "resources", "status"}
-OPTIONAL = {"launcher.engines", "launcher.gather"}  # new folders of issue 28, not there yet
 SANDBOX = "launcher.sandbox"
 MAX_LINES = 650  # no module outside launcher/sandbox/ is longer
 LAYER = {folder: n for n, folders in enumerate(LAYERS) for folder in folders}
@@ -167,7 +166,7 @@ def test_the_floor_plan_is_the_tree():
     assert {"launcher.facts", "launcher.plan", "launcher.cli", "launcher.sandbox"} <= folders  # the walk saw them
     undeclared = sorted(folders - set(LAYER))
     assert not undeclared, f"folders not in tests/test_layers.py's LAYERS: {', '.join(undeclared)}"
-    missing = sorted(set(LAYER) - folders - OPTIONAL - {"launcher"})
+    missing = sorted(set(LAYER) - folders - {"launcher"})
     assert not missing, f"declared folders that are gone: {', '.join(missing)}"
     extra = sorted(p.name for p in PACKAGE.glob("*.py") if p.stem not in ROOT_MODULES)
     assert not extra, (f"top-level modules not in layer 0's ROOT_MODULES: {', '.join(extra)} "
