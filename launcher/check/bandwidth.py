@@ -2,7 +2,7 @@
 rank through torch.distributed, in the serving image, with each rank's own NCCL environment.
 
 Per rank one `docker run --rm` of the serving image (host network and IPC, the GPU, the RDMA
-devices, the serving container's ulimits, as launcher/plan/plan.py's `_docker_run`) runs
+devices, the serving container's ulimits, as launcher/plan/cluster_plan.py's `_docker_run`) runs
 launcher/onrank/nccl_allreduce.py (`python3 -c SCRIPT`). Its environment is the rank's serving
 environment from the plan (the profile's env, the ring variables, the rank's own
 NCCL_SOCKET_IFNAME / NCCL_IB_HCA / NCCL_IB_GID_INDEX / UCX / Gloo pins from its sysfs, the

@@ -1,5 +1,5 @@
 """vLLM with its native multi-node (cluster.yaml `multinode: native`, the default;
-docs/architecture.md § serving): one `vllm serve` per Spark, rank 0 the API, ranks > 0 headless
+docs/architecture.md, "Serving"): one `vllm serve` per Spark, rank 0 the API, ranks > 0 headless
 (templates/engine/vllm.j2)."""
 
 from __future__ import annotations

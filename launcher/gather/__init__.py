@@ -1,6 +1,7 @@
 """Gather: everything the plan and the judging take, read from the ranks and from this host, as
-ONE value (value.Gathered), by one call (cluster.gather) that `check` and `up` share: the probe on every rank (probe), right after it on each rank the fabric pings and
-dockerd's capabilities (extras) and, with model.local_path, the staged copy's listing (staged);
+ONE value (value.Gathered), by one call (cluster.gather) that `check` and `up` share: the
+probe on every rank (probe), right after it on each rank the fabric pings and dockerd's
+capabilities (extras) and, with model.local_path, the staged copy's listing (staged);
 meanwhile this host's part (here: the checkpoint's shape, the serving image's tag and ID, the
 API key). A rank that fails is a reason in the value, never an exception. `plan` and `prep`
 take the same parts without the pings (probe.gather, then here.inputs / here.read_model); the

@@ -152,7 +152,7 @@ class ImageSettings(Strict):
 
 
 class ContainerSettings(Strict):
-    """How each rank's serving container is started (docs/architecture.md § serving). The defaults
+    """How each rank's serving container is started (docs/architecture.md, "Serving"). The defaults
     are the seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
 
     gpus: str | None = "all"  # `--gpus` value; null leaves it out (no GPU, as in the sandbox)

@@ -21,8 +21,8 @@ from ..inputs import apikey, vllm_flags, vllm_guard
 from ..inputs.config import Cluster, ContainerSettings, Loaded, cluster_name, master_port, rendezvous
 
 # A GB10's memory, used only for ranks whose /proc/meminfo has not been read: MemTotal
-# 127,600,000 kB (≈ 121.7 GiB, docs/architecture.md), and MemAvailable once page caches are
-# dropped and nothing runs: 122,771,456 kB (≈ 117.1 GiB,
+# 127,600,000 kB (≈ 121.7 GiB; docs/architecture.md, "The GB10's memory"), and MemAvailable once
+# page caches are dropped and nothing runs: 122,771,456 kB (≈ 117.1 GiB,
 # tests/facts_cases/meminfo_gb10_caches_dropped.json).
 GB10_MEM_TOTAL = 127_600_000 * 1024
 GB10_MEM_AVAILABLE = 122_771_456 * 1024
@@ -420,7 +420,7 @@ def host_settings(c: ContainerSettings) -> list[str]:
 
 
 def _docker_run(loaded: Loaded, r: int, image: str, image_id: str | None = None) -> list[str]:
-    """The container every rank runs (docs/architecture.md § serving): host network and IPC, the
+    """The container every rank runs (docs/architecture.md, "Serving"): host network and IPC, the
     GPU, the RDMA devices, NCCL-sized ulimits, first in line for the OOM killers (OOM_SCORE_ADJ), the
     checkpoint read-only at the same path, the image's compile caches (caches.py); its
     environment on stdin (env_file)."""

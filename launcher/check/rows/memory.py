@@ -14,7 +14,8 @@ from . import row
 from .case import Case, RankReport
 
 
-PAGE_CACHE_WARN = 8 * GIB  # vLLM's startup guard counts page cache as used (docs/architecture.md)
+# vLLM's startup guard counts page cache as used (docs/architecture.md, "The GB10's memory")
+PAGE_CACHE_WARN = 8 * GIB
 SWAP_USED_WARN = 256 << 20
 
 
