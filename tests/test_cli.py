@@ -56,7 +56,7 @@ def test_every_command_is_named_by_its_module_and_listed_in_a_section():
             assert module == f"launcher.cli.{name.replace('-', '_')}" and attribute == name.replace("-", "_")
     in_sections = [name for _title, names in commands.SECTIONS for name in names]
     assert set(in_sections) == set(commands.COMMANDS)
-    assert commands.SECTIONS[0] == ("First bring-up", ("init", "check", "up"))  # the README's path
+    assert commands.SECTIONS[0] == ("First bring-up", ("init", "fetch", "check", "up"))  # the README's path
     assert commands.SECTIONS[-1][1] == ("sandbox",)
     assert main.get_command(ctx, "no-such") is None
     result = CliRunner().invoke(main, ["no-such"])
@@ -67,7 +67,7 @@ def test_help_lists_the_sections_in_order_and_starts_from_init():
     text = CliRunner().invoke(main, ["--help"], terminal_width=100).output
     heads = [line for line in text.splitlines() if line and not line.startswith(" ")]
     assert heads[2:] == [f"{title}:" for title, _ in commands.SECTIONS]  # after Usage and Options
-    assert text.index("sparkstack init") < text.index("sparkstack check") < text.index("sparkstack up") \
+    assert text.index("sparkstack init") < text.index("sparkstack fetch") < text.index("sparkstack check") < text.index("sparkstack up") \
         < text.index("sparkstack plan")
     listed = text[text.index("First bring-up:"):].splitlines()
     column = {line.index(line.split()[1]) for line in listed if line.startswith("  ")}

@@ -88,11 +88,27 @@ def make(loaded: Loaded, group: Group, facts: dict[int, Facts]) -> tuple[Path, d
             raise ValueError(f"{o.target.name}: could not hash {missing[0]} in {path} ({why or 'no hash'}); "
                              "fix the checkpoint row of `sparkstack check`, then run `sparkstack manifest` again")
         sha.update(got)
+    return write(fingerprint, path, sha), sha
+
+
+def write(fingerprint: str, path: str, sha: dict[str, str], source: dict | None = None) -> Path:
+    """Keep the manifest for `fingerprint`: `source` says where its digests come from (`fetch`:
+    the Hub's repository, revision and commit; none: `manifest` hashed the files on the ranks)."""
     out = manifest_file(fingerprint)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"dir": path, "fingerprint": fingerprint, "sha256": dict(sorted(sha.items()))},
-                              indent=1) + "\n")
-    return out, sha
+    doc = {"dir": path, "fingerprint": fingerprint, "sha256": dict(sorted(sha.items()))}
+    if source:
+        doc["source"] = source
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+    return out
+
+
+def source(fingerprint: str) -> dict | None:
+    """Where the manifest's digests come from, when `fetch` wrote it (the Hub's listing)."""
+    path = manifest_file(fingerprint)
+    return json.loads(path.read_text()).get("source") if path.is_file() else None
 
 
 def verify(loaded: Loaded, group: Group, facts: dict[int, Facts]) -> dict[int, Finding]:
@@ -126,9 +142,14 @@ def _judge(r: int, f: Facts, got: dict[str, str], why: str, path: str, majority:
                        "copy the file again (or remount the checkpoint: `sparkstack prep`)")
     bad = [n for n in names if against.get(n) and got[n] != against[n]]
     if bad:
+        hub = source(f.checkpoint.fingerprint) if manifest else None
+        if hub:
+            what = f"the Hub's digest ({hub.get('repo')} at {str(hub.get('commit'))[:12]})"
         return Finding(NAME, Status.FAIL, f"rank {r}: {bad[0]} differs from {what} (sha256 {got[bad[0]][:12]}, "
                        f"expected {against[bad[0]][:12]})" + (f", {len(bad) - 1} more" if len(bad) > 1 else ""),
                        f"on this rank `rm {path}/{bad[0]}`, then `sparkstack stage` copies it again" if local
+                       else f"`sparkstack fetch {hub.get('repo')} --revision {hub.get('commit')} --verify-all` on the "
+                       f"checkpoint's host re-fetches {bad[0]}" if hub
                        else f"copy {bad[0]} to this rank's {path} again from a good copy")
     note = "" if manifest else " (no manifest: `sparkstack manifest` makes one)"
     return Finding(NAME, Status.PASS if manifest else Status.WARN,

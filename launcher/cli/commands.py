@@ -14,6 +14,7 @@ from .. import __version__
 # name -> "module:attribute" of its click command, in the order `sparkstack --help` lists them.
 COMMANDS = {
     "init": "launcher.cli.init:init",
+    "fetch": "launcher.cli.fetch:fetch",
     "check": "launcher.cli.check:check",
     "up": "launcher.cli.up:up",
     "prep": "launcher.cli.prep:prep",
@@ -35,10 +36,10 @@ COMMANDS = {
     "sandbox": "launcher.sandbox.cli:sandbox",  # the sandbox's own group: named, never imported here
 }
 
-# `sparkstack --help`'s sections: the README's path first (init -> check -> up), then what runs
+# `sparkstack --help`'s sections: the README's path first (init -> fetch -> check -> up), then what runs
 # after every boot, then day to day, then the sandbox to try it on. A command may be in two.
 SECTIONS = (
-    ("First bring-up", ("init", "check", "up")),
+    ("First bring-up", ("init", "fetch", "check", "up")),
     ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "logs", "down",
                                                    "systemd-unit")),
     ("Day to day", ("plan", "profiles", "build", "ship", "stage", "manifest", "bench", "api-key",
@@ -97,8 +98,9 @@ def main():
     tensor parallelism, and back up after every reboot.
 
     \b
-    A new cluster is three commands, `init` → `check` → `up`:
+    A new cluster is four commands, `init` → `fetch` → `check` → `up`:
       sparkstack init spark1 spark2 spark3 spark4 --user spark
+      sparkstack fetch drowzeys/keys-GLM-5.3-EXL3-2.75BPW   # the checkpoint, once
       sparkstack check
       sparkstack up
     and `up` again after every boot (`sparkstack systemd-unit` makes that automatic).

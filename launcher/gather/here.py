@@ -48,3 +48,20 @@ def inputs(loaded: Loaded, facts: dict[int, Facts] | None = None,
     image, image_assumed = image_build.serving_image(loaded)
     ranks = {r: RankFacts(r, loaded.cluster.ranks[r].label, f, None, 0.0) for r, f in (facts or {}).items()}
     return Gathered(loaded, ranks, model, image, key, tuple(image_assumed))
+
+
+def addresses() -> set[str]:
+    """This host's own IP addresses and names (`ip -j addr`, its hostname): where `fetch` writes
+    depends on whether this host is the NFS export's server or rank 0."""
+    import json as _json
+    import socket
+    import subprocess
+
+    found = {"127.0.0.1", "::1", "localhost", socket.gethostname(), socket.getfqdn()}
+    try:
+        done = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, timeout=10)
+        for link in _json.loads(done.stdout or "[]"):
+            found.update(a["local"] for a in link.get("addr_info", []) if a.get("local"))
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    return found
