@@ -133,6 +133,22 @@ def test_a_shard_corrupted_in_transit_is_named_and_fetched_again(tmp_path, env, 
     assert f"fetched again: {shard}" in done.stdout
 
 
+def test_a_lost_connection_is_resumed_in_the_same_run(tmp_path, env, hub, source):
+    """The connection drops mid-shard: the client asks for the rest (a Range request) and the
+    file lands whole; what moved again is at most the chunk that was in flight."""
+    from launcher.apply.fetch import CHUNK
+
+    dest = tmp_path / "export"
+    shard = model_fixture.shard_name(0)
+    size = (source / shard).stat().st_size
+    hub.cut[shard] = size // 2
+    done = run(env, REPO, "--to", str(dest))
+    assert done.returncode == 0, done.stderr
+    assert sha256(dest / shard) == sha256(source / shard)
+    assert size <= hub.served[shard] < size + CHUNK
+    assert any(p.startswith("/cdn/") and r and r != "bytes=0-" for _m, p, r in hub.requests)
+
+
 def test_a_file_spoiled_on_disk_after_the_fetch_is_found_by_verify_all(tmp_path, env, hub, source):
     dest = tmp_path / "export"
     assert run(env, REPO, "--to", str(dest)).returncode == 0

@@ -15,7 +15,8 @@ Hub sends, serving checkpoints from local directories. Stdlib only (Python 3.8).
 
 For tests and benchmarks (never on the real Hub): `rate` caps the bytes per second it sends
 (a link's speed), `corrupt` names files whose next download is sent with one byte flipped (a
-shard corrupted in transit), and `served` counts the object bytes each file sent.
+shard corrupted in transit), `cut` drops a file's next download after so many bytes (a lost
+connection), and `served` counts the object bytes each file sent.
 
 Run: python3 standin_hub.py --dir DIR --repo ORG/NAME [--gated] [--host 127.0.0.1] [--port 0]
 """
@@ -106,6 +107,7 @@ class Hub(ThreadingHTTPServer):
         self.repos = {r.id: r for r in repos}
         self.rate = rate  # bytes/s, 0: as fast as it goes
         self.corrupt = set()  # file names whose next download is corrupted in transit
+        self.cut = {}  # file name -> bytes after which its next download's connection is dropped
         self.served = {}  # file name -> object bytes sent
         self.requests = []  # (method, path, range) of each request
         self.lock = threading.Lock()
@@ -283,12 +285,17 @@ class Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             corrupt = name in self.server.corrupt
             self.server.corrupt.discard(name)
+            cut = self.server.cut.pop(name, None)
         flip = start + length // 2 if corrupt else -1
         sent, began = 0, time.monotonic()
         with open(entry["path"], "rb") as f:
             f.seek(start)
             while sent < length:
-                block = f.read(min(256 * 1024, length - sent))
+                if cut is not None and sent >= cut:  # a lost connection: the body ends short
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                block = f.read(min(256 * 1024, length - sent, *([cut - sent] if cut is not None else [])))
                 if not block:
                     break
                 if start + sent <= flip < start + sent + len(block):
