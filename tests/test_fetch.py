@@ -248,3 +248,40 @@ def test_check_deep_names_the_hubs_digest_and_the_fetch_that_repairs(tmp_path, m
     bad = dict(sha, **{model_fixture.shard_name(0): "0" * 64})
     finding = hashes._judge(0, SimpleNamespace(checkpoint=found), bad, "", "/models/glm", {})
     assert "the Hub's digest" in finding.value and f"sparkstack fetch {REPO}" in finding.fix
+
+
+def test_a_short_disk_as_the_free_space_fact_says_is_refused_in_process(tmp_path, env, hub, monkeypatch):
+    """The same refusal without root: the free-space fact faked, the command run in-process."""
+    from click.testing import CliRunner
+
+    from launcher.cli.commands import main
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(fetch_mod, "free_bytes", lambda dest: 5_000_000)
+    result = CliRunner().invoke(main, ["fetch", REPO, "--to", str(tmp_path / "export")])
+    assert result.exit_code == 1 and "5.0 MB free, the fetch needs" in result.output
+    assert "nothing was downloaded" in result.output and not (tmp_path / "export").exists()
+    assert sum(hub.served.values()) == 0
+
+
+def test_include_fetches_only_the_files_it_names(tmp_path, env, hub):
+    dest = tmp_path / "export"
+    done = run(env, REPO, "--to", str(dest), "--include", "*.json", "--json")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dest.iterdir() if p.is_file()) == \
+        ["config.json", "generation_config.json", "model.safetensors.index.json"]
+    assert json.loads(done.stdout)["result"]["manifest"] == ""  # no shards: no manifest to compare ranks with
+    assert "no file matches" in run(env, REPO, "--to", str(dest), "--include", "*.gguf").stderr
+
+
+def test_a_listed_name_that_escapes_the_destination_is_refused(tmp_path, env, hub, source):
+    repo = hub.repos[REPO]
+    entry = dict(next(iter(repo.files.values())), rfilename="../escaped.json")
+    repo.files["../escaped.json"] = entry
+    try:
+        done = run(env, REPO, "--to", str(tmp_path / "export"))
+    finally:
+        del repo.files["../escaped.json"]
+    assert done.returncode == 1 and "would land outside the destination" in done.stderr
+    assert not (tmp_path / "escaped.json").exists() and not (tmp_path / "export").exists()

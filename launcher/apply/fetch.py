@@ -112,6 +112,11 @@ def list_repo(repo: str, revision: str) -> Listing:
         raise _hub_error(e, repo, revision, where) from None
     files = tuple(HubFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)), s.blob_id or "",
                           s.lfs.sha256 if s.lfs else None) for s in info.siblings or ())
+    for f in files:  # a listed name never writes outside the destination
+        parts = Path(f.name).parts
+        if not parts or Path(f.name).is_absolute() or ".." in parts or "\\" in f.name:
+            raise SparkstackError(f"{repo}: the Hub lists a file named {f.name!r}, which would land outside "
+                                  "the destination; nothing was downloaded")
     return Listing(repo, revision, info.sha, bool(info.gated), files)
 
 
