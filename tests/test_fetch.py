@@ -248,6 +248,9 @@ def test_check_deep_names_the_hubs_digest_and_the_fetch_that_repairs(tmp_path, m
     bad = dict(sha, **{model_fixture.shard_name(0): "0" * 64})
     finding = hashes._judge(0, SimpleNamespace(checkpoint=found), bad, "", "/models/glm", {})
     assert "the Hub's digest" in finding.value and f"sparkstack fetch {REPO}" in finding.fix
+    good = hashes._judge(0, SimpleNamespace(checkpoint=found), sha, "", "/models/glm", {})
+    assert good.status == "pass"
+    assert "files match the manifest (the Hub's digests: " + REPO in good.value
 
 
 def test_a_short_disk_as_the_free_space_fact_says_is_refused_in_process(tmp_path, env, hub, monkeypatch):

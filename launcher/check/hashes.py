@@ -151,7 +151,9 @@ def _judge(r: int, f: Facts, got: dict[str, str], why: str, path: str, majority:
                        else f"`sparkstack fetch {hub.get('repo')} --revision {hub.get('commit')} --verify-all` on the "
                        f"checkpoint's host re-fetches {bad[0]}" if hub
                        else f"copy {bad[0]} to this rank's {path} again from a good copy")
-    note = "" if manifest else " (no manifest: `sparkstack manifest` makes one)"
+    hub = source(f.checkpoint.fingerprint) if manifest else None
+    note = (f" (the Hub's digests: {hub.get('repo')} at {str(hub.get('commit'))[:12]})" if hub
+            else "" if manifest else " (no manifest: `sparkstack manifest` makes one)")
     return Finding(NAME, Status.PASS if manifest else Status.WARN,
                    f"{len(names)} files match {what}{note}",
                    "" if manifest else "run `sparkstack manifest` once to have a reference")
