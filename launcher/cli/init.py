@@ -66,7 +66,8 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
 
     \b
     A new cluster: sparkstack init spark1 spark2 spark3 spark4 --user spark
-    then `sparkstack check` and `sparkstack up`.
+    then `sparkstack fetch ORG/NAME` (the checkpoint, once, where it is not there yet),
+    `sparkstack check` and `sparkstack up`.
     """
     from ..facts import cabling
     from ..init import bringup, hosts as hosts_mod
@@ -173,7 +174,8 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif not dry_run:
-        out.print("next: `sparkstack check`, then `sparkstack up`" if ok else
+        out.print("next: `sparkstack fetch ORG/NAME` if the checkpoint is not there yet, then `sparkstack check`, "
+                  "then `sparkstack up`" if ok else
                   "not ready: fix what is shown above, then `sparkstack init` again or `sparkstack check`")
     sys.exit(0 if ok else 1)
 
