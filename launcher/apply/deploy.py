@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import load_progress, memguard, prep, serve
+from .cluster_lock import ensure_held
 from ..check import check, plan_inputs
 from ..errors import Interrupted, SparkstackError
 from ..images import build, local_docker, ship
@@ -76,6 +77,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
     prep.prepare(loaded, group, say=say).raise_for_failures()
     report.steps.append("prepared the nodes")
+    ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
     the_plan = check.plan_or_refuse(loaded, group)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
@@ -93,7 +95,9 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         guard = memguard.MemoryGuard(group, loaded.cluster.memory_guard, wait_timeout + START_ALLOWANCE_S, say)
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
+        ensure_held()
         _ensure_images(loaded, the_plan.image, group, report, say)
+        ensure_held()
         # Ray is vLLM's; TensorFold starts as its recipe does: ranks > 0 first, then rank 0
         ray = loaded.cluster.multinode == "ray" and loaded.profile.engine == "vllm"
         if loaded.profile.engine == "vllm" and len(the_plan.ranks) > 1:
