@@ -371,6 +371,26 @@ def test_a_planted_partial_link_is_not_written_through(tree, tmp_path):
     assert (dst / "config.json").exists()  # the other files are copied
 
 
+def test_a_planted_link_in_the_copy_is_not_taken_for_a_staged_file(tree, tmp_path):
+    """A link where a staged shard goes (its target another user's file of the right size and
+    mtime) is neither counted as staged nor as partial: the copy replaces the link itself."""
+    src, dst = tree
+    planted = tmp_path / "planted"
+    planted.write_bytes(b"\0" * 1_000_000)
+    shard = src / "model-00002-of-00002.safetensors"
+    os.utime(planted, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns))
+    dst.mkdir(parents=True)
+    (dst / shard.name).symlink_to(planted)
+    (dst / f".{shard.name}.partial").symlink_to(planted)
+    listing = json.loads(script({"mode": "list", "src": str(src), "dst": str(dst)})[1])
+    assert shard.name not in listing["dst"]["files"] and shard.name not in listing["dst"]["partial"]
+    (dst / f".{shard.name}.partial").unlink()
+    rc, out = script(copy_args(plan_here(src, dst)))
+    assert rc == 0, out
+    assert not (dst / shard.name).is_symlink() and sha(dst / shard.name) == sha(shard)
+    assert planted.read_bytes() == b"\0" * 1_000_000
+
+
 # --- the config and the plan -------------------------------------------------------------------
 
 def test_plan_serves_from_the_local_path(write_config):

@@ -46,7 +46,7 @@ MAX_REQUEST = 4096  # bytes of a peer's two request lines
 REQUEST_TIMEOUT_S = 10  # for those lines to arrive
 SEND_TIMEOUT_S = 60  # for one block to leave
 POOL = 16  # connections served at once
-RETRY_S, RETRIES = 1.0, 60  # a reader's reconnects when the server closed without progress
+RETRY_S, RETRIES = 1.0, 30  # a reader's reconnects when the server closed without progress
 OFFSET = re.compile(rb"[0-9]{1,19}")  # ASCII digits only (str.isdigit takes "\u00b2", int() does not)
 
 
@@ -54,12 +54,13 @@ def partial_name(name):
     return "." + name + ".partial"
 
 
-def top_files(path):
-    """{name: [size, mtime]} of the directory's regular, not hidden, top-level files."""
+def top_files(path, follow=True):
+    """{name: [size, mtime]} of the directory's regular, not hidden, top-level files (a link to
+    one counts only with `follow`: in the source, not in a copy, where another user may plant it)."""
     out = {}
     for entry in os.scandir(path):
-        if not entry.name.startswith(".") and entry.is_file(follow_symlinks=True):
-            st = entry.stat(follow_symlinks=True)
+        if not entry.name.startswith(".") and entry.is_file(follow_symlinks=follow):
+            st = entry.stat(follow_symlinks=follow)
             out[entry.name] = [st.st_size, int(st.st_mtime)]
     return out
 
@@ -99,8 +100,9 @@ def listing(src, dst):
     except OSError as e:
         out["src"] = {"error": why(e)}
     try:
-        found = {e.name: e.stat().st_size for e in os.scandir(dst) if e.is_file()}
-        out["dst"] = {"files": top_files(dst),
+        found = {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(dst)
+                 if e.is_file(follow_symlinks=False)}
+        out["dst"] = {"files": top_files(dst, follow=False),
                       "partial": {n[1:-len(".partial")]: s for n, s in found.items()
                                   if n.startswith(".") and n.endswith(".partial")}}
     except FileNotFoundError:
