@@ -1,11 +1,14 @@
 """The cluster lock: its holder script run here as rank 0 runs it (the real flock, the real
 heartbeat timeout), and on the sandbox through the real CLI: a second `down` refuses naming the
 holder, waits with --wait-lock, takes over a lock whose holder went silent, and read-only
-commands never wait."""
+commands never wait. Issue 33: another local user on rank 0 (a second user made in the rank's
+container) can neither turn the lock into a write on a file of theirs choosing, nor read a file
+through its note, nor hold it; and a command whose own lock lapsed stops before its next step."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -75,6 +78,82 @@ def test_heartbeats_keep_it(tmp_path):
     assert first.wait(timeout=10) == 0
 
 
+def test_a_planted_link_is_neither_followed_nor_changed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("secret bytes\n")
+    victim.chmod(0o600)
+    folder = tmp_path / "lock"
+    folder.mkdir()
+    (folder / "cluster.lock").symlink_to(victim)
+    holder = start_holder(folder / "cluster.lock", {"user": "a"})
+    said = answer(holder)
+    assert holder.wait(timeout=10) == 3
+    assert said["held"] is False and "is a symbolic link" in said["refused"], said
+    assert "secret" not in json.dumps(said)
+    assert victim.read_text() == "secret bytes\n" and victim.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_lock_is_made_for_its_user_alone_and_others_files_refused(tmp_path):
+    path = tmp_path / "lock" / "cluster.lock"
+    first = start_holder(path, {"user": "a"})
+    assert answer(first)["held"]
+    first.stdin.close()
+    assert first.wait(timeout=10) == 0
+    assert path.parent.stat().st_mode & 0o777 == 0o700 and path.stat().st_mode & 0o777 == 0o600
+    os.chown(path, 65534, 65534)  # now another user's file
+    second = start_holder(path, {"user": "b"})
+    said = answer(second)
+    assert second.wait(timeout=10) == 3 and "owned by" in said["refused"] and "uid 65534" in said["refused"]
+    path.unlink()
+    (tmp_path / "other").write_text("mine\n")
+    os.link(tmp_path / "other", path)  # a hard link to another file of this user's
+    third = start_holder(path, {"user": "c"})
+    assert third.wait(timeout=10) == 3 and "2 hard links" in answer(third)["refused"]
+    assert (tmp_path / "other").read_text() == "mine\n"
+
+
+def test_a_folder_others_may_write_is_narrowed_when_ours_and_refused_when_not(tmp_path):
+    folder = tmp_path / "lock"
+    folder.mkdir()
+    folder.chmod(0o777)  # as older versions made it
+    first = start_holder(folder / "cluster.lock", {"user": "a"})
+    assert answer(first)["held"]
+    first.stdin.close()
+    first.wait(timeout=10)
+    assert folder.stat().st_mode & 0o777 == 0o700
+    (folder / "cluster.lock").unlink()
+    os.chown(folder, 65534, 65534)
+    folder.chmod(0o777)
+    second = start_holder(folder / "cluster.lock", {"user": "b"})
+    said = answer(second)
+    assert second.wait(timeout=10) == 3 and "uid 65534" in said["refused"] and "0777" in said["refused"]
+    assert not (folder / "cluster.lock").exists()
+
+
+def test_a_note_that_is_not_a_holders_is_described_never_shown(tmp_path):
+    path = tmp_path / "cluster.lock"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"root:$6$hash:19000:0:99999:7:::\n")
+    os.close(fd)
+    holder = start_holder(path, {"user": "a"})
+    said = answer(holder)
+    holder.stdin.close()
+    holder.wait(timeout=10)
+    assert said["held"] and "hash" not in json.dumps(said)
+    assert "hash" not in cluster_lock.describe(said["previous"])
+    assert cluster_lock.describe({"unreadable": said["previous"]["unreadable"]}).endswith("not a holder's note)")
+
+
+def test_each_heartbeat_is_answered(tmp_path):
+    holder = start_holder(tmp_path / "cluster.lock", {"user": "a"}, stale_s=5)
+    assert answer(holder)["held"]
+    holder.stdin.write(b".\n.\n")
+    holder.stdin.flush()
+    assert holder.stdout.read(2) == b"++"
+    holder.stdin.close()
+    assert holder.wait(timeout=10) == 0
+
+
 # -- on the sandbox --------------------------------------------------------------------------
 
 @pytest.fixture
@@ -125,7 +204,86 @@ def test_a_lock_whose_holder_went_silent_is_taken_over_with_a_note(sandbox, grou
         time.sleep(3)
         result = cli("down", "-c", str(sandbox.config))
     finally:
-        lock._channel.close()
+        lock.__exit__(None, None, None)
     assert result.exit_code == 0, result.output
     assert "note: took over the cluster lock left by" in result.output
     assert "@crashed-laptop running `sparkstack up`" in result.output
+
+
+# -- another local user on rank 0 (issue 33) -------------------------------------------------
+
+RANK0 = "sparkstack-spark1"
+LOCK_DIR = "/tmp/sparkstack-lock"
+
+
+def as_root(*command: str, user: str = "root", check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["docker", "exec", "-u", user, RANK0, *command], capture_output=True, text=True,
+                          timeout=60)
+    assert not check or done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture
+def mallory(sandbox):
+    """A second local user on rank 0; the lock folder as it was found is put back after."""
+    before = as_root("sh", "-c", f"stat -c '%a %U' {LOCK_DIR} 2>/dev/null || echo absent").stdout.strip()
+    as_root("useradd", "-m", "mallory")
+    as_root("rm", "-rf", LOCK_DIR)
+    yield "mallory"
+    as_root("sh", "-c", "pkill -u mallory; true", check=False)
+    as_root("userdel", "-r", "-f", "mallory", check=False)
+    as_root("rm", "-rf", LOCK_DIR, "/home/spark/victim")
+    if before != "absent":
+        mode, owner = before.split()
+        as_root("install", "-d", "-m", mode, "-o", owner, LOCK_DIR)
+
+
+def test_another_user_planting_a_link_gets_no_write_and_no_bytes(sandbox, mallory):
+    as_root("sh", "-c", "printf 'spark-secret-bytes\\n' > /home/spark/victim && chmod 600 /home/spark/victim",
+            user="spark")
+    as_root("sh", "-c", f"mkdir -m 777 {LOCK_DIR} && ln -s /home/spark/victim {LOCK_DIR}/cluster.lock",
+            user=mallory)
+    result = cli("down", "-c", str(sandbox.config))
+    text = " ".join(result.output.split())
+    victim = as_root("sh", "-c", "stat -c %a /home/spark/victim; cat /home/spark/victim").stdout
+    assert victim == "600\nspark-secret-bytes\n", victim  # neither opened to all nor emptied
+    assert "spark-secret-bytes" not in result.output
+    assert result.exit_code == 1, result.output
+    assert "cannot take the cluster lock" in text and "belongs to mallory" in text, text
+
+
+def test_another_user_cannot_hold_the_lock(sandbox, mallory):
+    assert cli("down", "-c", str(sandbox.config)).exit_code == 0  # the kit's user makes the lock
+    grab = subprocess.Popen(
+        ["docker", "exec", "-u", mallory, RANK0, "python3", "-c",
+         "import fcntl, sys, time\n"
+         f"f = open('{LOCK_DIR}/cluster.lock')\n"
+         "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(30)"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = grab.stdout.readline()
+        result = cli("down", "-c", str(sandbox.config))
+    finally:
+        grab.kill()
+        grab.wait()
+    assert first == "", "mallory holds the cluster lock"
+    assert result.exit_code == 0, result.output
+
+
+def test_a_command_whose_lock_lapsed_stops_before_its_next_step(sandbox, group):
+    from launcher.apply import prep
+
+    loaded, g = group
+    lock = cluster_lock.ClusterLock(g.connections[0], cluster_lock.holder(loaded, ["prep"]), stale_s=2)
+    lock.__enter__()
+    try:
+        cluster_lock.ensure_held()  # held: goes on
+        lock._stop.set()  # this host "slept": no heartbeat reaches rank 0 any more
+        time.sleep(3)
+        taken = cli("down", "-c", str(sandbox.config))  # a second operator takes the lapsed lock
+        assert taken.exit_code == 0 and "took over the cluster lock" in taken.output, taken.output
+        with pytest.raises(cluster_lock.LockLost, match="lost the cluster lock.*stopped before its next step"):
+            prep.prepare(loaded, g, drop=False)
+    finally:
+        lock.__exit__(None, None, None)
+    cluster_lock.ensure_held()  # released: nothing held, nothing to check

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 
 from launcher.inputs import config
@@ -151,6 +152,7 @@ def test_start_command_passes_values_as_parameters():
     `10.0.0.11$(touch /tmp/x)` would have run there)."""
     hostile = "10.0.0.11$(touch /tmp/x)"
     argv = shlex.split(relay._start_command({"listen": hostile, "peers": [hostile], "repos": {}}, 4242))
+    assert "$secret" in relay.START_SCRIPT and "read -r secret" in relay.START_SCRIPT  # from stdin
     assert argv[:3] == ["sh", "-c", relay.START_SCRIPT] and argv[3] == "sh"
     assert json.loads(argv[4])["listen"] == hostile and argv[5] == "4242"
     assert "touch" not in relay.START_SCRIPT
@@ -166,3 +168,30 @@ def test_gate_spec_merges_tags_of_one_repository(write_config):
     assert spec["repos"] == {"a/b": {"manifests": ["sha256:m1", "sha256:m2", "t1", "t2"],
                                      "blobs": ["sha256:l1", "sha256:l2"]}}
     assert spec["listen"] == "192.168.177.1" and spec["peers"] == list(route.peers)
+
+
+def test_the_upstream_front_reads_only_with_the_ships_secret():
+    """Issue 33: rank 0's reverse forward leads to this front, not to the registry: any user of
+    rank 0 can open that port, and only the cache has the ship's secret (token auth)."""
+    registry = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=registry.serve_forever, daemon=True).start()
+    front = relay.UpstreamFront(registry.server_address[1])
+    Upstream.seen = []
+    url = f"http://127.0.0.1:{front.port}"
+    path = "/v2/sparkstack/keys/manifests/abc123"
+    try:
+        refused = httpx.get(url + path)
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"] == (f'Bearer realm="http://127.0.0.1:{front.port}{relay.TOKEN_PATH}",'
+                                                        'service="sparkstack"')
+        assert httpx.get(url + relay.TOKEN_PATH, auth=("sparkstack", "a guess")).status_code == 401
+        assert httpx.get(url + path, headers={"Authorization": "Bearer a guess"}).status_code == 401
+        assert httpx.post(url + "/v2/sparkstack/keys/blobs/uploads/").status_code == 501  # no push, ever
+        token = httpx.get(url + relay.TOKEN_PATH + "?scope=repository:sparkstack/keys:pull",
+                          auth=("sparkstack", front.password)).json()["token"]
+        served = httpx.get(url + path, headers={"Authorization": f"Bearer {token}"})
+        assert served.status_code == 200 and served.text == f"served {path}"
+        assert Upstream.seen == [path]  # nothing else reached the registry
+    finally:
+        front.close()
+        registry.shutdown()

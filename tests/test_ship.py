@@ -421,8 +421,9 @@ def test_relay_gate_serves_only_this_ships_images_and_only_to_the_ranks(sandbox,
         repo, manifests, blobs = registry.contents(base)
         top_layer = sorted(set(registry.contents(top)[2]) - set(blobs))[0]
         head = group.connections[0]
-        upstream, _ = head.reverse_forward(registry.port)
-        cache = relay.start(head, relay.gate_spec(route, [(repo, manifests, blobs)]), upstream)
+        front = relay.UpstreamFront(registry.port)
+        upstream, _ = head.reverse_forward(front.port)
+        cache = relay.start(head, relay.gate_spec(route, [(repo, manifests, blobs)]), upstream, front.password)
         try:
             url = f"http://{cache.address}:{cache.port}/v2/"
             wanted = [url, f"{url}{repo}/manifests/{manifests[0]}", f"{url}{repo}/blobs/{blobs[0]}",
@@ -439,7 +440,76 @@ def test_relay_gate_serves_only_this_ships_images_and_only_to_the_ranks(sandbox,
         finally:
             relay.stop(head, cache)
             head.cancel_forward(upstream)
+            front.close()
     assert relay_left_on(sandbox) == ""
+
+
+# Run on rank 0 as another local user while a relayed ship runs: what rank 0's loopback gives them.
+# argv: the cache's listen address (host:port, or a socket path), the upstream forward's port,
+# the repository, a manifest reference.
+MALLORY_ON_RANK_0 = """
+import json, socket, sys, urllib.error, urllib.request
+cache, upstream, repo, ref = sys.argv[1:5]
+accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+def status(url, method="GET"):
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, method=method, headers={"Accept": accept}),
+                                      timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError as e:
+        return type(e).__name__
+got = {"upstream read": status("http://127.0.0.1:%s/v2/%s/manifests/%s" % (upstream, repo, ref)),
+       "upstream push": status("http://127.0.0.1:%s/v2/%s/blobs/uploads/" % (upstream, repo), "POST")}
+if cache.startswith("/"):
+    try:
+        socket.socket(socket.AF_UNIX).connect(cache)
+        got["cache read"] = "connected"
+    except OSError as e:
+        got["cache read"] = type(e).__name__
+else:
+    got["cache read"] = status("http://%s/v2/%s/manifests/%s" % (cache, repo, ref))
+print(json.dumps(got))
+"""
+
+
+def test_another_user_on_rank_0_can_neither_read_nor_push_through_the_relay(sandbox, client, images):
+    """Issue 33: while the relay runs, a second local user on rank 0 tries its loopback: the
+    cache, and the reverse forward to this host's registry (which holds every image shipped)."""
+    from launcher.images.registry import LocalRegistry
+
+    route = relay.route(config.load(sandbox.config))
+    ref = build_on(client, sandbox.images["vllm"], f"mallory{uuid.uuid4().hex[:4]}", 100_000)
+    rank0 = "sparkstack-spark1"
+    subprocess.run(["docker", "exec", rank0, "useradd", "-m", "mallory"], check=True, capture_output=True)
+    found = {}
+
+    def attack(ranks, cache) -> None:  # in the pulls' place: the cache and the forward are up
+        config_yml = subprocess.run(["docker", "exec", rank0, "sh", "-c", f"cat {cache.directory}/config.yml"],
+                                    capture_output=True, text=True, check=True).stdout
+        listen = config_yml.split('addr: "')[1].split('"')[0]
+        upstream = config_yml.split("remoteurl: \"http://127.0.0.1:")[1].split('"')[0]
+        repo, manifests, _blobs = registry.contents(ref)
+        done = subprocess.run(["docker", "exec", "-u", "mallory", rank0, "python3", "-c", MALLORY_ON_RANK_0,
+                               listen, upstream, repo, manifests[0]], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        found.update(json.loads(done.stdout))
+
+    try:
+        with group_of(sandbox) as group, LocalRegistry() as registry:
+            plan = ship.make_plan(group, ship.local_image_ids([ref]))
+            registry.push(ref)
+            todo = [r for r in plan.ranks if r.status == "planned"]
+            ship._apply_relayed(plan, {c.target.rank: c for c in group.connections}, registry, route, todo,
+                                attack, lambda line: None)
+        assert found["upstream read"] == 401, found  # this host's registry: not without the ship's secret
+        assert found["upstream push"] in (401, 501), found
+        assert found["cache read"] == "PermissionError", found  # a socket in the relay's 0700 directory
+        assert relay_left_on(sandbox) == ""
+    finally:
+        subprocess.run(["docker", "exec", rank0, "sh", "-c", "pkill -u mallory; userdel -r -f mallory"],
+                       capture_output=True)
+        client.images.remove(ref, force=True)
 
 
 def test_relay_without_a_registry_on_rank_0_says_so(sandbox, client, images):

@@ -5,9 +5,13 @@ rank-side script on real directories here (list, copy, resume after a kill, a ha
 import hashlib
 import json
 import os
+import resource
+import shlex
 import signal
+import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,8 @@ from launcher.errors import ConfigError
 from launcher.inputs import config as config_mod
 from launcher.plan import staging
 from test_plan import plan_json
+
+TOKEN = "0123456789abcdef0123456789abcdef"  # a phase's token, as apply/stage.py makes them
 
 GOLDEN = ROOT / "tests" / "golden" / "stage"
 SRC, DST = "/models/glm", "/var/lib/models/glm"
@@ -207,23 +213,54 @@ def test_a_hash_mismatch_names_the_file_and_keeps_nothing(tree):
     assert (dst / "model-00001-of-00002.safetensors").exists()  # the others are in place
 
 
+def start_server(folder, names, token=TOKEN, timeouts=None, nofile=None):
+    """The peer file server of `stage --from peer` here, on 127.0.0.1, as the kit starts it: its
+    token on stdin after the script; (process, port)."""
+    args = {"mode": "serve", "dir": str(folder), "bind": "127.0.0.1", "names": names}
+    if timeouts:
+        args["timeouts"] = timeouts
+    command, source = onrank.invocation_keeping_stdin("stage", args)
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
+    server = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, preexec_fn=limit)
+    server.stdin.write(source + f"{token}\n".encode())
+    server.stdin.flush()
+    return server, int(server.stdout.readline().decode().split()[1])
+
+
+def stop_server(server) -> str:
+    server.stdin.close()  # the kit done: the server ends
+    assert server.wait(timeout=10) == 0
+    return server.stderr.read().decode()
+
+
+def fetch(port: int, request: bytes, timeout: float = 10) -> bytes:
+    """What a client on the fabric gets for `request`: every byte until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(request)
+        got = b""
+        while block := conn.recv(1 << 16):
+            got += block
+        return got
+
+
 def test_a_copy_from_a_peer_server_resumes_and_keeps_the_source_mtime(tree, tmp_path):
     """serve on one side (its stdin open while it serves), copy from it on the other."""
+    from launcher.apply.stage import copy_invocation
+
     src, dst = tree
     plan = plan_here(src, dst)
-    command, source = onrank.invocation_keeping_stdin(
-        "stage", {"mode": "serve", "dir": str(src), "bind": "127.0.0.1",
-                  "names": [f.name for f in plan.ranks[0].todo]})
-    server = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    server.stdin.write(source)
-    server.stdin.flush()
+    server, port = start_server(src, [f.name for f in plan.ranks[0].todo])
     try:
-        port = int(server.stdout.readline().decode().split()[1])
         name = "model-00001-of-00002.safetensors"
         dst.mkdir(parents=True)
         (dst / f".{name}.partial").write_bytes((src / name).read_bytes()[:1_000_000])
         plan = plan_here(src, dst, manifest={name: sha(src / name)})
-        rc, out = script(copy_args(plan, peer=["127.0.0.1", port]))
+        command, stdin = copy_invocation(copy_args(plan, peer=["127.0.0.1", port]), TOKEN)
+        assert TOKEN not in command  # never on a command line `ps` shows
+        copier = subprocess.run(shlex.split(command), input=stdin, capture_output=True, timeout=60)
+        rc, out = copier.returncode, copier.stdout.decode()
+        assert TOKEN not in out
         assert rc == 0, out
         assert int(out.splitlines()[-1][2:]) == plan.ranks[0].to_copy == 4_000_000 + 24 - 1_000_000
         for f in src.iterdir():
@@ -232,6 +269,126 @@ def test_a_copy_from_a_peer_server_resumes_and_keeps_the_source_mtime(tree, tmp_
     finally:
         server.stdin.close()  # the kit done: the server ends
         assert server.wait(timeout=10) == 0
+
+
+# --- issue 33: a hostile client on the fabric, another user where the copy goes ------------------
+
+SHARD = "model-00001-of-00002.safetensors"
+
+
+def test_the_peer_server_serves_only_who_has_the_phases_token(tree):
+    src, _dst = tree
+    server, port = start_server(src, [SHARD], timeouts=[2, 5])
+    try:
+        assert fetch(port, f"{SHARD} 0\n".encode()) == b""  # the old request: no token (cut after 2 s)
+        assert fetch(port, f"{SHARD} 0\nnot-the-token\n".encode()) == b""
+        assert fetch(port, f"{SHARD} 0\n{TOKEN}\n".encode()) == (src / SHARD).read_bytes()
+    finally:
+        stop_server(server)
+
+
+def rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+
+
+def test_a_request_line_without_an_end_is_cut_off_at_its_bound(tree):
+    src, _dst = tree
+    server, port = start_server(src, [SHARD])
+    try:
+        before = rss_kib(server.pid)
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            try:
+                while sent < 64 << 20:  # 64 MB and no newline
+                    conn.sendall(b"x" * (1 << 20))
+                    sent += 1 << 20
+            except OSError:
+                pass  # closed on us: what it should do
+        grown = rss_kib(server.pid) - before
+        assert sent < 64 << 20, "the server read 64 MB of one request line"
+        assert grown < 8 << 10, f"the server grew by {grown} KiB"
+    finally:
+        stop_server(server)
+
+
+def test_idle_connections_neither_exhaust_nor_stall_the_server(tree):
+    src, _dst = tree
+    server, port = start_server(src, [SHARD], timeouts=[1, 5], nofile=64)  # EMFILE within reach
+    idle = []
+    try:
+        for _ in range(150):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+            except OSError:
+                pass
+        deadline, got = time.monotonic() + 30, b""
+        while time.monotonic() < deadline and got != (src / SHARD).read_bytes():
+            try:
+                got = fetch(port, f"{SHARD} 0\n{TOKEN}\n".encode(), timeout=3)
+            except OSError:
+                got = b""
+            time.sleep(0.2)
+        assert got == (src / SHARD).read_bytes(), "a reader was not served beside 150 idle connections"
+    finally:
+        for conn in idle:
+            conn.close()
+        stop_server(server)
+
+
+def test_a_link_is_not_served(tree, tmp_path):
+    src, _dst = tree
+    secret = tmp_path / "secret"
+    secret.write_text("not part of the checkpoint\n")
+    (src / "linked.safetensors").symlink_to(secret)
+    server, port = start_server(src, [SHARD, "linked.safetensors"])
+    try:
+        assert fetch(port, f"linked.safetensors 0\n{TOKEN}\n".encode()) == b""
+    finally:
+        stop_server(server)
+
+
+def test_a_non_ascii_digit_ends_its_request_without_a_traceback(tree):
+    src, _dst = tree
+    server, port = start_server(src, [SHARD])
+    try:
+        assert fetch(port, f"{SHARD} \u00b2\n{TOKEN}\n".encode()) == b""
+        assert fetch(port, f"{SHARD} 0\n{TOKEN}\n".encode()) == (src / SHARD).read_bytes()  # still serving
+    finally:
+        said = stop_server(server)
+    assert "Traceback" not in said, said
+
+
+def test_a_planted_partial_link_is_not_written_through(tree, tmp_path):
+    src, dst = tree
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    dst.mkdir(parents=True)
+    (dst / f".{SHARD}.partial").symlink_to(victim)
+    rc, out = script(copy_args(plan_here(src, dst)))
+    assert victim.read_bytes() == b"someone else's file\n"
+    assert rc == 1 and f"E {SHARD} " in out and "is a symbolic link" in out, out
+    assert (dst / "config.json").exists()  # the other files are copied
+
+
+def test_a_planted_link_in_the_copy_is_not_taken_for_a_staged_file(tree, tmp_path):
+    """A link where a staged shard goes (its target another user's file of the right size and
+    mtime) is neither counted as staged nor as partial: the copy replaces the link itself."""
+    src, dst = tree
+    planted = tmp_path / "planted"
+    planted.write_bytes(b"\0" * 1_000_000)
+    shard = src / "model-00002-of-00002.safetensors"
+    os.utime(planted, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns))
+    dst.mkdir(parents=True)
+    (dst / shard.name).symlink_to(planted)
+    (dst / f".{shard.name}.partial").symlink_to(planted)
+    listing = json.loads(script({"mode": "list", "src": str(src), "dst": str(dst)})[1])
+    assert shard.name not in listing["dst"]["files"] and shard.name not in listing["dst"]["partial"]
+    (dst / f".{shard.name}.partial").unlink()
+    rc, out = script(copy_args(plan_here(src, dst)))
+    assert rc == 0, out
+    assert not (dst / shard.name).is_symlink() and sha(dst / shard.name) == sha(shard)
+    assert planted.read_bytes() == b"\0" * 1_000_000
 
 
 # --- the config and the plan -------------------------------------------------------------------

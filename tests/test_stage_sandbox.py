@@ -208,3 +208,36 @@ def test_peers_copy_over_the_fabric_and_auto_takes_the_faster(sandbox, cfg):
     assert got[sandbox.names[0]] < total, got  # rank 0 read model.path
     found = rows(cfg)
     assert all(found[(r, "staged")]["status"] == "pass" for r in range(4))
+
+
+def test_another_users_planted_partial_link_is_not_written_through(sandbox, tmp_path):
+    """Issue 33: model.local_path in a folder other users may write (a shared scratch disk): a
+    second user on rank 0 plants the temp file of a shard as a link to a file of the kit's user."""
+    shared = "/tmp/sparkstack-shared-scratch"
+    local = f"{shared}/glm53"
+
+    def on(name: str, *command: str, user: str = "root") -> str:
+        done = subprocess.run(["docker", "exec", "-u", user, f"sparkstack-{name}", *command],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    rank0 = sandbox.names[0]
+    try:
+        for name in sandbox.names:
+            on(name, "install", "-d", "-m", "1777", shared, local)
+        on(rank0, "useradd", "-m", "mallory")
+        on(rank0, "sh", "-c", "printf 'the kit user file\\n' > /home/spark/victim && chmod 600 /home/spark/victim",
+           user="spark")
+        on(rank0, "ln", "-s", "/home/spark/victim", f"{local}/.{SHARD}.partial", user="mallory")
+        result = cli("stage", "-c", write_cfg(sandbox, tmp_path, local), "--from", "nfs")
+        text = " ".join(result.output.split())
+        assert on(rank0, "sh", "-c", "stat -c %a /home/spark/victim; cat /home/spark/victim") == "600\nthe kit user file\n"
+        assert result.exit_code == 1, result.output
+        assert f"rank 0" in text and f".{SHARD}.partial is a symbolic link" in text, text
+    finally:
+        subprocess.run(["docker", "exec", f"sparkstack-{rank0}", "sh", "-c",
+                        "pkill -u mallory; userdel -r -f mallory; rm -f /home/spark/victim"],
+                       capture_output=True, timeout=60)
+        for name in sandbox.names:
+            on(name, "rm", "-rf", shared)

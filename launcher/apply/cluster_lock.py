@@ -3,6 +3,11 @@ they run (launcher/onrank/lock_holder.py holds it there). A second one waits (--
 refuses naming who holds it; a lock whose holder stopped answering (its host died, the network
 went) lapses after STALE_S and the next one takes it over with a note. Read-only commands
 (`plan`, `check`, `status`, `logs`) never take it.
+
+A command whose own lock lapsed while it ran (its heartbeats unanswered for STALE_S: rank 0
+unreachable, this host asleep) may find another operator holding the lock: `ensure_held()`,
+called by the long commands between their steps, raises LockLost then, so the command stops
+before its next step instead of carrying on beside the new holder.
 """
 
 from __future__ import annotations
@@ -10,11 +15,13 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import select
 import shlex
 import socket
 import sys
 import threading
 import time
+from collections import deque
 from datetime import datetime, timezone
 
 import paramiko
@@ -32,6 +39,20 @@ RETRY_S = 2
 
 class ClusterBusy(SparkstackError):
     pass
+
+
+class LockLost(SparkstackError):
+    """This command's lock lapsed while it ran: it stops before its next step."""
+
+
+_HELD: list["ClusterLock"] = []  # the locks this process holds now
+
+
+def ensure_held() -> None:
+    """Between the steps of a long command: raise LockLost when a lock this process took has
+    lapsed since (nothing to check when the command holds none, as in a test without one)."""
+    for lock in list(_HELD):
+        lock.check()
 
 
 def holder(loaded: Loaded, argv: list[str] | None = None) -> dict:
@@ -52,8 +73,8 @@ def _user() -> str:
 def describe(who: dict | None) -> str:
     if not who:
         return "an unknown holder"
-    if "unreadable" in who:
-        return f"a holder whose note is unreadable ({who['unreadable']!r})"
+    if "unreadable" in who:  # the holder says what it is, never its bytes
+        return f"a holder whose note is unreadable ({who['unreadable']})"
     return (f"{who.get('user')}@{who.get('host')} running `{who.get('command')}` since {who.get('since')} "
             f"(profile {who.get('profile')})")
 
@@ -68,11 +89,15 @@ class ClusterLock:
         self._channel: paramiko.Channel | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self._sent: deque[float] = deque()  # heartbeats not answered yet, by when they left
+        self._acked = 0.0  # when the last answered heartbeat left (the holder's clock ran from then)
+        self._gone: str | None = None  # why the holder is known to be gone
 
     def __enter__(self) -> "ClusterLock":
         deadline = time.monotonic() + self.wait_s
         told = False
         while True:
+            self._acked = time.monotonic()  # before the holder starts its clock
             answer = self._try()
             if answer.get("held"):
                 break
@@ -91,6 +116,7 @@ class ClusterLock:
                      "its holder stopped answering")
         self._beat = threading.Thread(target=self._heartbeat, daemon=True)
         self._beat.start()
+        _HELD.append(self)
         return self
 
     def _try(self) -> dict:
@@ -111,6 +137,10 @@ class ClusterLock:
             raise SparkstackError(f"{self.conn.target.name}: cannot take the cluster lock: "
                                   f"{(err or line or 'no answer').splitlines()[-1]}; is python3 installed "
                                   "on rank 0?") from None
+        if answer.get("refused"):
+            channel.close()
+            raise SparkstackError(f"{self.conn.target.name}: cannot take the cluster lock: {answer['refused']}; "
+                                  "nothing was changed")
         if answer.get("held"):
             self._channel = channel
         else:
@@ -118,16 +148,49 @@ class ClusterLock:
         return answer
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self.stale_s / 3):
-            try:
-                self._channel.sendall(b".\n")
-            except (OSError, EOFError, paramiko.SSHException):
-                return  # the connection is gone: the holder lapses on the rank by itself
+        """A line every stale_s / 3; the holder answers each with `+`: the time the last answered
+        one left is when the holder's stale_s began at the latest."""
+        channel, interval = self._channel, self.stale_s / 3
+        next_beat = time.monotonic() + interval
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._sent.append(now)
+                    channel.sendall(b".\n")
+                    next_beat = now + interval
+                select.select([channel], [], [], min(max(next_beat - now, 0.0), 0.5))
+                while channel.recv_ready():
+                    for _ in range(channel.recv(1024).count(b"+")):
+                        if self._sent:
+                            self._acked = self._sent.popleft()
+                if channel.exit_status_ready():
+                    self._gone = "its holder there ended"
+                    return
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            self._gone = f"the connection to rank 0 broke ({e})"  # the holder lapses on the rank by itself
+
+    def check(self) -> None:
+        """Raise LockLost when the lock may have lapsed: its holder ended, or no heartbeat was
+        answered for stale_s (the holder gives up after stale_s of silence)."""
+        if self._channel is None:
+            return
+        silent = time.monotonic() - self._acked
+        gone = self._gone or (self._channel.exit_status_ready() and "its holder there ended")
+        if gone or silent > self.stale_s:
+            why = gone or f"no heartbeat answered for {silent:.0f} s, more than {self.stale_s:.0f} s"
+            raise LockLost(f"{self.conn.target.name}: this command lost the cluster lock ({why}): another "
+                           "operator may hold it now, so it stopped before its next step; see "
+                           "`sparkstack status`, then re-run it")
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        if self in _HELD:
+            _HELD.remove(self)
         if self._channel is None:
             return
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join(timeout=1)
         try:
             self._channel.shutdown_write()  # the holder clears the file and ends
             deadline = time.monotonic() + 5

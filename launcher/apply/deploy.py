@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import load_progress, memguard, prep, serve
+from .cluster_lock import ensure_held
 from ..check.report import evaluate, refuse
 from ..errors import Interrupted, SparkstackError
 from ..gather import cluster, here, ranks
@@ -80,6 +81,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
     prep.prepare(loaded, group, say=say).raise_for_failures()
     report.steps.append("prepared the nodes")
+    ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
     the_plan = preflight(loaded, group)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
@@ -97,7 +99,9 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         guard = memguard.MemoryGuard(group, loaded.cluster.memory_guard, wait_timeout + START_ALLOWANCE_S, say)
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
+        ensure_held()
         _ensure_images(loaded, the_plan.image, group, report, say)
+        ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
         for need in engine.image_needs(len(the_plan.ranks)):

@@ -277,8 +277,10 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
     reported, the others still prepared; the wait raises PrepError at its timeout."""
     from ..gather import here, probe
     from ..plan import cluster_plan as planning
+    from .cluster_lock import ensure_held
 
     started = time.monotonic()
+    ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     gathered = probe.gather(group, loaded)
     report = PrepReport([], None)
     preps = {}
@@ -288,6 +290,7 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
             continue
         preps[r] = RankPrep(r, g.host, plan_rank(loaded, r, g.facts, drop))
         report.ranks.append(preps[r])
+    ensure_held()
     apply(group, preps)
     ready = [r for r, p in preps.items() if p.error is None]
     if drop and ready:

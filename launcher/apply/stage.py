@@ -6,10 +6,15 @@ when a rank cannot be planned or its disk is short, then every rank copies what 
 launcher/onrank/stage.py: into a temp file per file, resumed from its end after an interruption,
 hashed against `sparkstack manifest`'s sha256 when one exists, renamed once complete. Progress
 per rank (copied of missing, rate, ETA) at most every PROGRESS_S.
+
+With `--from peer`, each phase's file servers take a token made for that phase (random, on the
+servers' and readers' stdin, never on a command line or in output): a host on the fabric that
+lacks it gets nothing (issue 33).
 """
 
 from __future__ import annotations
 
+import secrets
 import select
 import time
 from contextlib import contextmanager
@@ -26,6 +31,7 @@ from ..plan import staging
 from ..gather import extras, probe, staged
 from ..transport import remote
 from ..transport.remote import Connection, Group
+from .cluster_lock import ensure_held
 
 COPY_LIFETIME_S = 24 * 3600  # the copy ends on the rank by itself should this host vanish
 
@@ -92,10 +98,12 @@ def apply(plan: staging.StagePlan, group: Group, say=print, bwlimit: int = 0) ->
             for r in ranks:
                 results[r.rank].error = f"{r.host}: not copied: an earlier phase failed; re-run `sparkstack stage`"
             continue
-        with _servers(plan, ranks, conns, results) as ports:
+        ensure_held()  # between steps: a command whose lock lapsed stops here
+        token = secrets.token_hex(16)  # this phase's: its servers serve only who has it
+        with _servers(plan, ranks, conns, results, token) as ports:
             todo = Group([conns[r.rank] for r in ranks if not results[r.rank].error])
             for o in todo.gather(lambda c: _copy_rank(c, plan, _rank(plan, c), results[c.target.rank], say,
-                                                      bwlimit, ports.get(c.target.rank))):
+                                                      bwlimit, ports.get(c.target.rank), token)):
                 if not o.ok:
                     results[o.target.rank].error = o.why()
     return [results[r.rank] for r in plan.ranks]
@@ -106,7 +114,8 @@ def _rank(plan: staging.StagePlan, conn: Connection) -> staging.RankStage:
 
 
 @contextmanager
-def _servers(plan: staging.StagePlan, ranks: list[staging.RankStage], conns: dict, results: dict):
+def _servers(plan: staging.StagePlan, ranks: list[staging.RankStage], conns: dict, results: dict,
+             token: str):
     """A file server on each peer this phase reads from, at the address its readers reach;
     yields {reader rank: [address, port]}, closes them after (their stdin ends)."""
     wanted: dict[tuple[int, str], list[staging.RankStage]] = {}
@@ -119,7 +128,7 @@ def _servers(plan: staging.StagePlan, ranks: list[staging.RankStage], conns: dic
             names = sorted({f.name for r in readers for f in r.todo})
             command, script = onrank.invocation_keeping_stdin(
                 "stage", {"mode": "serve", "dir": plan.dest, "bind": address, "names": names})
-            channel = conns[p].spawn(command, script, COPY_LIFETIME_S, keep_stdin=True)
+            channel = conns[p].spawn(command, script + f"{token}\n".encode(), COPY_LIFETIME_S, keep_stdin=True)
             channels.append(channel)
             port = _port(channel)
             for r in readers:
@@ -150,9 +159,16 @@ def copy_args(plan: staging.StagePlan, rank: staging.RankStage, bwlimit: int, pe
             "files": [[f.name, f.size, plan.sha256(f.name), f.mtime] for f in rank.todo]}
 
 
+def copy_invocation(args: dict, token: str | None = None) -> tuple[str, bytes]:
+    """The copy's command line and stdin: the script, then the phase's token (a line; empty
+    without a peer), so that no command line holds it."""
+    command, script = onrank.invocation_keeping_stdin("stage", args)
+    return command, script + f"{token or ''}\n".encode()
+
+
 def _copy_rank(conn: Connection, plan: staging.StagePlan, rank: staging.RankStage, result: RankResult,
-               say, bwlimit: int, peer: list | None = None) -> None:
-    command, stdin = onrank.invocation("stage", copy_args(plan, rank, bwlimit, peer))
+               say, bwlimit: int, peer: list | None = None, token: str | None = None) -> None:
+    command, stdin = copy_invocation(copy_args(plan, rank, bwlimit, peer), token)
     progress = Progress(conn.target.name, lambda: rank.to_copy, say)
     cancel = getattr(remote._cancel, "event", None)
     channel = conn.spawn(command, stdin, COPY_LIFETIME_S)

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import deploy, serve
+from .cluster_lock import LockLost, ensure_held
 from ..errors import Interrupted, SparkstackError
 from ..inputs import apikey
 from ..inputs.config import Loaded
@@ -122,7 +123,7 @@ class Supervisor:
                 backoff = self.settings.backoff_s
                 cause = self._watch()
                 self.log.add("failure", cause=cause)
-            except Interrupted:
+            except (Interrupted, LockLost):
                 raise
             except SparkstackError as e:
                 cause = e.message
@@ -134,6 +135,7 @@ class Supervisor:
             self._pause(backoff)
             backoff = min(backoff * 2, self.settings.backoff_max_s)
             self.log.add("restart", attempt=len(self.restarts))
+            ensure_held()  # another operator's cluster now, if its lock lapsed: not ours to re-deploy
             deploy.down(self.loaded, self.group, say=self.say)  # all or nothing: every rank, memory back
             restart = True
 

@@ -312,14 +312,16 @@ def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", rou
             r.status, r.error = Status.FAILED, f"rank {r.rank}: the relay needs rank 0 ({why}); ship without --relay"
         return
     spec = relay.gate_spec(route, [registry.contents(ref) for ref in plan.needed])
+    front = relay.UpstreamFront(registry.port)  # the forward's end here: reads, with this ship's secret
     try:
-        upstream, counter = head.reverse_forward(registry.port)
+        upstream, counter = head.reverse_forward(front.port)
     except Exception as e:  # rank 0 went away between plan and apply
+        front.close()
         for r in todo:
             r.status, r.error = Status.FAILED, f"{head.target.name}: cannot open the registry forward for the relay ({e})"
         return
     try:
-        cache = relay.start(head, spec, upstream)
+        cache = relay.start(head, spec, upstream, front.password)
         say(f"relay: rank 0's cache at {route.address}:{cache.port} pulls each blob from here once; "
             "only the ranks may read it, and only this ship's images")
         try:
@@ -337,6 +339,7 @@ def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", rou
             r.status, r.error = Status.FAILED, e.message
     finally:
         head.cancel_forward(upstream)
+        front.close()
         head_ship.bytes = counter.total  # every relayed blob crossed rank 0's SSH connection
 
 

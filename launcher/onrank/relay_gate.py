@@ -1,7 +1,8 @@
 """Rank 0's gate in front of the relay's registry cache (launcher/images/relay.py): the cache listens on
-rank 0's 127.0.0.1 only, and this is what the ranks reach on the rendezvous address. Run there as
+a Unix socket in the relay's 0700 directory (or, given a number, a port on 127.0.0.1), and this is
+what the ranks reach on the rendezvous address. Run there as
 
-    python3 relay_gate.py '<spec>' <cache port> <upstream port> <cache pid> <relay dir>
+    python3 relay_gate.py '<spec>' <cache socket or port> <upstream port> <cache pid> <relay dir>
 
 spec: {"listen": "<address>", "peers": ["<host or IP>", ...],
        "repos": {"<repo>": {"manifests": ["<tag or digest>", ...], "blobs": ["<digest>", ...]}}}
@@ -66,7 +67,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.log_message("refused %s %s", self.command, self.path)
             self.send_error(403, explain="not part of this ship")
             return
-        upstream = http.client.HTTPConnection("127.0.0.1", self.server.cache_port, timeout=300)
+        upstream = cache_connection(self.server.cache)
         try:  # header by header: Docker sends one Accept line per manifest type
             upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
             for key, value in self.headers.items():
@@ -99,6 +100,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, fmt, *args):
         sys.stderr.write("gate: %s: %s\n" % (self.client_address[0], fmt % args))
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout):
+        http.client.HTTPConnection.__init__(self, "localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def cache_connection(cache):
+    """To the cache: its Unix socket (a path), or a port on 127.0.0.1 (digits)."""
+    if cache.isdigit():
+        return http.client.HTTPConnection("127.0.0.1", int(cache), timeout=300)
+    return UnixHTTPConnection(cache, 300)
 
 
 def server_class(listen):
@@ -137,9 +156,9 @@ def watch(upstream_port, cache_pid, directory):
 
 def main(argv):
     spec = json.loads(argv[1])
-    cache_port, upstream_port, cache_pid, directory = int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+    cache, upstream_port, cache_pid, directory = argv[2], int(argv[3]), int(argv[4]), argv[5]
     server = server_class(spec["listen"])((spec["listen"], 0), Handler)
-    server.peers, server.repos, server.cache_port = addresses(spec["peers"]), spec["repos"], cache_port
+    server.peers, server.repos, server.cache = addresses(spec["peers"]), spec["repos"], cache
     port_file = os.path.join(directory, "gate.port")
     with open(port_file + ".tmp", "w") as f:
         f.write(str(server.server_address[1]))
