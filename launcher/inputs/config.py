@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import unicodedata
 from ipaddress import IPv4Address, ip_address
 from pathlib import Path
 from typing import Annotated, Literal
@@ -31,7 +32,25 @@ def _expand_user(path: Path) -> Path:
         raise ValueError(f"{str(path).split('/')[0]}: no such user on this host") from None
 
 
-UserPath = Annotated[Path, AfterValidator(_expand_user)]
+def control_chars(text: str) -> list[str]:
+    """The line separators (every one str.splitlines() splits on: Ansible's INI parser, among
+    others, starts a new line there) and the other control characters in `text`."""
+    return sorted({c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")})
+
+
+def _one_line(value):
+    """A config string that reaches a file another program splits into lines (the Ansible
+    inventory, fstab, docker's env file, a shell): one line of printable text."""
+    bad = control_chars(str(value))
+    if bad:
+        raise ValueError(f"holds a line break or control character ({', '.join(map(repr, bad))}), "
+                         "which would start a new line where it is written (the Ansible inventory, "
+                         "fstab): remove it")
+    return value
+
+
+OneLine = Annotated[str, AfterValidator(_one_line)]
+UserPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_expand_user)]
 
 
 def _mountable(path: str) -> str:
@@ -40,7 +59,7 @@ def _mountable(path: str) -> str:
     if ":" in path or "\0" in path:
         raise ValueError("must not contain ':' or NUL (docker -v PATH:PATH:ro splits on ':'); "
                          "rename the directory or mount it elsewhere")
-    return path
+    return _one_line(path)
 
 
 MountPath = Annotated[str, AfterValidator(_mountable)]  # bind-mounted at the same path on every rank
@@ -110,7 +129,7 @@ class Rank(Strict):
     name: Annotated[str, AfterValidator(_rank_name)] | None = None
     address: Host
     port: int = Field(22, ge=1, le=65535)
-    user: str = Field(min_length=1)
+    user: OneLine = Field(min_length=1)
     key: UserPath | None = None
     jump: Annotated[str, AfterValidator(_jump)] | None = None  # "[user@]host[:port]" of a bastion
     fabric_ips: list[IPv4Address] = []
@@ -122,8 +141,8 @@ class Rank(Strict):
 
 
 class NfsExport(Strict):
-    server: str
-    export: str
+    server: OneLine
+    export: OneLine
 
 
 class ModelSettings(Strict):
@@ -205,7 +224,7 @@ class Overrides(Strict):
     api_key: str | None = None
     open_api: bool = False
     secret_env: list[str] = []  # env names masked in output beyond *TOKEN*, *KEY*, ... (redact.py)
-    sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
+    sysctls: dict[str, Annotated[int | str, AfterValidator(_one_line)]] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
     no_swap: bool | None = None  # swap off on every rank (`prep`, `check`); unset: the profile's
 
     @field_validator("api_key")
