@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import click
-import yaml
 
+from ..errors import load_yaml
 from ..status import Status
 from .console import err, friendly_errors, out
 
@@ -75,6 +75,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
 
     if output.exists() and not (force or dry_run):
         raise hosts_mod.InitInputError(f"{output} exists; pass --force to overwrite it or -o another path")
+    extra = load_yaml(merge, "merge") if merge else {}  # before anything is asked or reached
     password = sys.stdin.readline().rstrip("\n") if password_stdin else None
     ask = hosts_mod.Prompts(
         say=_say,
@@ -93,7 +94,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     answers = bringup.Answers(user=user, key=key.expanduser(), known_hosts=known_hosts.expanduser(),
                               profile=profile_name, model_path=model_path, output=output,
                               fabric_net=fabric_net, sysfs_root=sysfs_root,
-                              extra=yaml.safe_load(merge.read_text()) if merge else {})
+                              extra=extra)
     if not answers.key.exists():
         raise hosts_mod.InitInputError(f"no key {answers.key}; make one with `ssh-keygen -t ed25519` or pass --key")
 
