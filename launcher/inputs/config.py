@@ -64,6 +64,35 @@ def _mountable(path: str) -> str:
 
 MountPath = Annotated[str, AfterValidator(_mountable)]  # bind-mounted at the same path on every rank
 
+# Trees no cache root of the kit's belongs in: the system's, and the world-writable ones.
+_SYSTEM_TREES = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "proc", "run", "sbin", "sys", "usr", "tmp"}
+# Directories other software shares out (their entries are not the kit's).
+_SHARED_DIRS = {"/var/cache", "/var/lib", "/var/tmp", "/var/log", "/var/spool", "/var/opt", "/var/local",
+                "/var/backups", "/var/mail", "/var/run", "/var/lock"}
+
+
+def _own_cache_root(path: str) -> str:
+    """container.cache_dir: a directory of the kit's own, two levels deep at least, outside the
+    system's trees, not a shared one (/var/cache) nor a home directory. `down --purge-caches`
+    removes only what the kit marked there (launcher/plan/caches.py), and this keeps a stray
+    value (`/`, `/var`, `/home`) from naming a directory everyone's files live in."""
+    parts = path.strip("/").split("/")
+    why = None
+    if any(p in ("", ".", "..") for p in parts):
+        why = "write it without '.', '..' or '//'"
+    elif len(parts) < 2:
+        why = "a top-level directory is shared by everything on the rank"
+    elif parts[0] in _SYSTEM_TREES:
+        why = f"/{parts[0]} is the system's (or everyone's) tree"
+    elif "/" + "/".join(parts) in _SHARED_DIRS:
+        why = "other software keeps its own entries there"
+    elif parts[0] in ("home", "root") and len(parts) == 2:
+        why = "that is a home directory"
+    if why:
+        raise ValueError(f"{path} is not a directory of the kit's own ({why}); name one like "
+                         "/var/cache/sparkstack, or null for no compile caches")
+    return path
+
 
 class SshSettings(Strict):
     known_hosts: UserPath | None = None  # default: ~/.ssh/known_hosts
@@ -181,7 +210,7 @@ class ContainerSettings(Strict):
     shm_size: str = "16g"
     # the engine's compile caches (vLLM, inductor, Triton, FlashInfer, CUDA's JIT) kept on each
     # rank across boots, one directory per serving image (launcher/plan/caches.py); null: none
-    cache_dir: MountPath | None = "/var/cache/sparkstack"
+    cache_dir: Annotated[MountPath, AfterValidator(_own_cache_root)] | None = "/var/cache/sparkstack"
 
 
 class MemoryGuardSettings(Strict):

@@ -14,8 +14,11 @@ serving image from the rank (`container.cache_dir`/KEY) and points every cache t
 KEY is the serving image's ref made a directory name: a built image's content tag changes with
 its content, so a new image starts with an empty cache by itself. A prebuilt ref (a tag that can
 move) gets the image ID the rank's Docker reported appended. The directory is made by Docker
-(root) on the first start, so a non-root SSH user needs nothing; `down --purge-caches` removes
-it through sudo, as `prep` does its root steps.
+(root) on the first start, so a non-root SSH user needs nothing; every start then writes the
+kit's MARKER into it through Docker (`docker cp` into the running container's mount: the daemon
+writes it, whoever the SSH user is). `down --purge-caches` removes, through sudo as `prep` does
+its root steps, only the directories of cache_dir holding that marker: what the kit made, never
+another program's entries (launcher/inputs/config.py refuses shallow and shared roots too).
 """
 
 from __future__ import annotations
@@ -83,7 +86,24 @@ def parse_sizes(stdout: str) -> dict[str, int]:
     return sizes
 
 
+MARKER = ".sparkstack-cache"  # in every cache directory the kit made
+MARKER_TEXT = "made by sparkstack: `sparkstack down --purge-caches` removes this directory\n"
+
+
+def mark_command(container: str) -> str:
+    """Writes MARKER into `container`'s cache mount (after its `docker run -d`): a file made here,
+    copied in by the Docker daemon, which made the directory."""
+    return (f"m=$(mktemp) && printf %s {shlex.quote(MARKER_TEXT)} > \"$m\" && "
+            f"{{ docker cp \"$m\" {shlex.quote(f'{container}:{IN_CONTAINER}/{MARKER}')}; rc=$?; "
+            "rm -f \"$m\"; [ $rc = 0 ]; }")
+
+
 def purge_command(cluster: Cluster) -> str | None:
-    """Removes every image's cache on a rank (run as root: Docker made them as root)."""
+    """Removes the caches the kit made on a rank (run as root: Docker made them as root): each
+    directory of cache_dir holding MARKER, no link followed; anything else there stays."""
     root = cluster.container.cache_dir
-    return f"rm -rf -- {shlex.quote(root.rstrip('/'))}/*" if root else None
+    if not root:
+        return None
+    q = shlex.quote(root.rstrip("/"))
+    return (f"for d in {q}/* {q}/.[!.]*; do [ -d \"$d\" ] && [ ! -L \"$d\" ] && [ -f \"$d/{MARKER}\" ] "
+            f"&& [ ! -L \"$d/{MARKER}\" ] || continue; rm -rf -- \"$d\" || exit; done; exit 0")
