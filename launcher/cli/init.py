@@ -28,6 +28,9 @@ def _say(line: str) -> None:
               show_default=True, help="host keys are checked against (and trusted ones added to) this file")
 @click.option("--trust-new-hosts", is_flag=True, help="trust unknown host keys without asking (fingerprints printed)")
 @click.option("--password-stdin", is_flag=True, help="read the login password (one line) from stdin, for scripts")
+@click.option("--password-to-new-hosts", is_flag=True,
+              help="with --yes or --password-stdin: send the password to hosts whose key was trusted in "
+                   "this run too (a person at a terminal is asked instead)")
 @click.option("--profile", "profile_name", default=None, help="the serving profile (`sparkstack profiles`)")
 @click.option("--model-path", default=None, help="the checkpoint directory, the same path on every rank")
 @click.option("--fabric-net", default="192.168.177.0/24", show_default=True,
@@ -54,7 +57,7 @@ def _say(line: str) -> None:
 @click.option("-y", "--yes", is_flag=True, help="ask nothing: flags give every answer")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @friendly_errors
-def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile_name, model_path,
+def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, password_to_new_hosts, profile_name, model_path,
          fabric_net, prefix, twins, mtu, apply_network, dry_run, output, force, sysfs_root, merge, do_ship, no_check,
          yes, as_json):
     """Connect to each host (rank 0 first), install your key, probe, discover the CX7 cabling,
@@ -80,7 +83,8 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     ask = hosts_mod.Prompts(
         say=_say,
         confirm=(lambda q: False) if yes else (lambda q: click.confirm(q, err=True)),
-        password=(lambda q: password) if (password_stdin or yes) else (lambda q: getpass.getpass(q + ": ")))
+        password=(lambda q: password) if (password_stdin or yes) else (lambda q: getpass.getpass(q + ": ")),
+        interactive=not (password_stdin or yes), password_to_new_hosts=password_to_new_hosts)
     user = user or getpass.getuser()
     if yes and not (profile_name and model_path):
         missing = [f for f, v in (("--profile", profile_name), ("--model-path", model_path)) if not v]
