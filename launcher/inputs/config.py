@@ -199,9 +199,25 @@ class ImageSettings(Strict):
     patches_dir: UserPath | None = None
 
 
+def _capability(name: str) -> str:
+    """A Linux capability as `docker run --cap-add` takes it: SYS_NICE (CAP_ and any case accepted)."""
+    bare = name.upper().removeprefix("CAP_")
+    if not re.fullmatch(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)*", bare) or bare == "ALL":
+        raise ValueError(f"{name!r} is not a capability name like SYS_NICE (`man 7 capabilities`); "
+                         "`ALL` is what privileged: would be, and is not offered")
+    return bare
+
+
 class ContainerSettings(Strict):
     """How each rank's serving container is started (docs/architecture.md § serving). The defaults
     are the seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
+
+    # `--security-opt no-new-privileges`: no process in the engine's container gains privileges
+    # (setuid binaries, file capabilities) beyond those it started with
+    no_new_privileges: bool = True
+    # the capabilities it keeps: `--cap-drop ALL` then `--cap-add` each (vLLM, NCCL over RDMA and
+    # CUDA need none: launcher/plan/cluster_plan.py's host_settings says why); null: Docker's defaults
+    capabilities: list[Annotated[str, AfterValidator(_capability)]] | None = []
 
     gpus: str | None = "all"  # `--gpus` value; null leaves it out (no GPU, as in the sandbox)
     devices: list[str] = ["/dev/infiniband"]
