@@ -62,15 +62,19 @@ def mounts(cluster: Cluster, image: str, image_id: str | None = None) -> list[st
 
 
 _SIZE_MARK = "sparkstack-cache "
+_LEFT_MARK = "sparkstack-left "
+MARKER = ".sparkstack-cache"  # in every cache directory the kit made
+MARKER_TEXT = "made by sparkstack: `sparkstack down --purge-caches` removes this directory\n"
 
 
 def size_command(cluster: Cluster) -> str | None:
-    """Each image's cache directory on a rank with its bytes (`du` over what the user can read)."""
+    """Each of the kit's cache directories on a rank (those holding MARKER) with its bytes (`du`
+    over what the user can read)."""
     root = cluster.container.cache_dir
     if not root:
         return None
     q = shlex.quote(root.rstrip("/"))
-    return (f"[ -d {q} ] || exit 0; for d in {q}/*/; do [ -d \"$d\" ] || continue; "
+    return (f"[ -d {q} ] || exit 0; for d in {q}/*/; do [ -d \"$d\" ] && [ ! -L \"${{d%/}}\" ] && [ -f \"$d{MARKER}\" ] || continue; "
             f"printf '{_SIZE_MARK}%s %s\\n' \"$(du -sb \"$d\" 2>/dev/null | cut -f1)\" \"$(basename \"$d\")\"; done")
 
 
@@ -86,10 +90,6 @@ def parse_sizes(stdout: str) -> dict[str, int]:
     return sizes
 
 
-MARKER = ".sparkstack-cache"  # in every cache directory the kit made
-MARKER_TEXT = "made by sparkstack: `sparkstack down --purge-caches` removes this directory\n"
-
-
 def mark_command(container: str) -> str:
     """Writes MARKER into `container`'s cache mount (after its `docker run -d`): a file made here,
     copied in by the Docker daemon, which made the directory."""
@@ -100,10 +100,17 @@ def mark_command(container: str) -> str:
 
 def purge_command(cluster: Cluster) -> str | None:
     """Removes the caches the kit made on a rank (run as root: Docker made them as root): each
-    directory of cache_dir holding MARKER, no link followed; anything else there stays."""
+    directory of cache_dir holding MARKER, no link followed; anything else there stays, and each
+    directory left is named on a line of its own (parse_left)."""
     root = cluster.container.cache_dir
     if not root:
         return None
     q = shlex.quote(root.rstrip("/"))
-    return (f"for d in {q}/* {q}/.[!.]*; do [ -d \"$d\" ] && [ ! -L \"$d\" ] && [ -f \"$d/{MARKER}\" ] "
-            f"&& [ ! -L \"$d/{MARKER}\" ] || continue; rm -rf -- \"$d\" || exit; done; exit 0")
+    return (f"for d in {q}/* {q}/.[!.]*; do [ -e \"$d\" ] || [ -L \"$d\" ] || continue; "
+            f"if [ -d \"$d\" ] && [ ! -L \"$d\" ] && [ -f \"$d/{MARKER}\" ] && [ ! -L \"$d/{MARKER}\" ]; "
+            f"then rm -rf -- \"$d\" || exit; else printf '{_LEFT_MARK}%s\\n' \"${{d##*/}}\"; fi; done; exit 0")
+
+
+def parse_left(stdout: str) -> list[str]:
+    """The entries of cache_dir purge_command left (not the kit's: no marker)."""
+    return [line[len(_LEFT_MARK):] for line in stdout.splitlines() if line.startswith(_LEFT_MARK)]
