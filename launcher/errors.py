@@ -61,14 +61,39 @@ def describe(error: dict) -> str:
     return f"{error['msg'].removeprefix('Value error, ')}{shown}"
 
 
-def load_yaml_model(path: Path, model: type[BaseModel], what: str):
-    """Parse a YAML file into `model`, turning every failure into a ConfigError naming the file."""
+# A config file (cluster.yaml, a profile, a stage.yaml, `init --merge`'s) is a few KB.
+MAX_YAML_BYTES = 1 << 20
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without anchors and aliases, which no config file needs: nested
+    aliases (the "billion laughs") make a few hundred bytes into billions of values, expanded by
+    whatever walks the document (an 8 KB cluster.yaml took > 8 GB). Merge keys (`<<: *x`) are
+    aliases too."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, "aliases and anchors are not allowed (&name, *name, <<: *name): write "
+                "the value out in full", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(path: Path, what: str) -> dict:
+    """A YAML file of settings as a dict; every failure a ConfigError naming the file: unreadable,
+    larger than MAX_YAML_BYTES, not UTF-8, malformed, with aliases or anchors, not a mapping."""
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError([f"{path}: no such {what} file"]) from None
     except OSError as e:
         raise ConfigError([f"{path}: cannot read ({e.strerror})"]) from None
+    if len(raw) > MAX_YAML_BYTES:
+        size = path.stat().st_size if path.is_file() else len(raw)
+        raise ConfigError([f"{path}: is {size} bytes; a {what} file is a few KB (at most "
+                           f"{MAX_YAML_BYTES} bytes are read)"])
     try:
         text = raw.decode()
     except UnicodeDecodeError as e:
@@ -76,17 +101,24 @@ def load_yaml_model(path: Path, model: type[BaseModel], what: str):
         raise ConfigError([f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x}); save the "
                            f"{what} file as UTF-8"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError([f"{path}{where}: malformed YAML: {problem}"]) from None
+        kind = "" if "aliases and anchors" in problem else "malformed YAML: "
+        raise ConfigError([f"{path}{where}: {kind}{problem}"]) from None
     except RecursionError:  # PyYAML composes nested nodes recursively
         raise ConfigError([f"{path}: nested too deeply to read; a {what} file is a few levels "
                            "deep (see env/cluster.example.yaml)"]) from None
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: expected a mapping of settings, got {type(data).__name__}"])
+    return data
+
+
+def load_yaml_model(path: Path, model: type[BaseModel], what: str):
+    """Parse a YAML file into `model`, turning every failure into a ConfigError naming the file."""
+    data = load_yaml(path, what)
     try:
         return model.model_validate(data)
     except ValidationError as e:

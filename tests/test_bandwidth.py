@@ -175,6 +175,7 @@ GOLDEN_ARGV = [
     "docker", "run", "--rm", "--pull", "never", "--name", "sparkstack-bandwidth",
     "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", "16g",
     "--ulimit", "nofile=1048576:1048576", "--ulimit", "memlock=-1:-1", "--device", "/dev/infiniband",
+    "--security-opt", "no-new-privileges", "--cap-drop", "ALL",  # launcher/plan/cluster_plan.py host_settings
     "--env-file", "/dev/stdin",
     "--entrypoint", "python3", IMAGE, "-c", bandwidth.SCRIPT.read_text(),
     '{"bytes": 268435456, "deadline_s": 180, "device": "cuda:0", "dtype": "bfloat16", "iters": 20, '

@@ -352,6 +352,20 @@ def test_bad_flags_are_usage_errors():
         assert result.exit_code == 2 and message in result.output, result.output
 
 
+@pytest.mark.parametrize("url", ["not a url", "http://not a url", "spark1:99999", "spark1:port", "ftp://spark1",
+                                 "http://-spark1-:8888", "http://spark1:8888/v1 x", "http://[::1", "http://spark1\u2028x",
+                                 "http://user:pw@spark1:8888", "http://spark1:8888/?q=1", "http://spark1:８８"])
+def test_a_url_that_is_no_server_address_is_a_usage_error_with_no_lookup(monkeypatch, url):
+    """Issue 33, item 10: `bench --url 'not a url'` was taken (a DNS lookup for "not", then exit 1)."""
+    import socket
+
+    looked_up = []
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: looked_up.append(a) or [])
+    result = CliRunner().invoke(main, ["bench", "--url", url])
+    assert result.exit_code == 2 and "is not a server address like http://HOST:PORT" in result.output, result.output
+    assert looked_up == [] and "Traceback" not in result.output
+
+
 # ---------------------------------------------------------------- pure parts
 
 def test_prometheus_text_sums_label_sets():
@@ -394,6 +408,9 @@ def test_inputs():
             bench.parse_counts(bad)
     assert bench.normalize_url("spark1:8888") == "http://spark1:8888"
     assert bench.normalize_url("http://spark1:8888/v1/") == "http://spark1:8888"
+    assert bench.normalize_url("https://[fd00::1]:8443/") == "https://[fd00::1]:8443"
+    assert bench.normalize_url(" 10.0.0.11:8888 ") == "http://10.0.0.11:8888"
+    assert bench.normalize_url("http://proxy.lan/spark/v1") == "http://proxy.lan/spark"
     with pytest.raises(ValueError):
         bench.normalize_url("http://")
 

@@ -57,12 +57,13 @@ def test_size_and_purge_commands_on_a_real_tree(tmp_path):
     root = tmp_path / "cache root"  # a space: every path is quoted
     (root / "img-a" / "vllm").mkdir(parents=True)
     (root / "img-a" / "vllm" / "graph").write_bytes(b"x" * 5000)
-    (root / "img-b").mkdir()
+    (root / "img-a" / caches.MARKER).write_text("x")
+    (root / "img-b").mkdir()  # not marked: not the kit's
     out = subprocess.run(["sh", "-c", caches.size_command(cluster(str(root)))], capture_output=True, text=True)
     sizes = caches.parse_sizes(out.stdout)
-    assert set(sizes) == {"img-a", "img-b"} and sizes["img-a"] >= 5000 > sizes["img-b"]
+    assert set(sizes) == {"img-a"} and sizes["img-a"] >= 5000  # the kit's only
     subprocess.run(["sh", "-c", caches.purge_command(cluster(str(root)))], check=True)
-    assert root.is_dir() and list(root.iterdir()) == []
+    assert root.is_dir() and list(root.iterdir()) == [root / "img-b"]
     out = subprocess.run(["sh", "-c", caches.size_command(cluster(str(root / "never")))], capture_output=True, text=True)
     assert out.returncode == 0 and caches.parse_sizes(out.stdout) == {}
     assert caches.size_command(cluster(None)) is None and caches.purge_command(cluster(None)) is None
@@ -78,13 +79,87 @@ def test_purge_runs_as_root_and_names_a_rank_that_refused():
 
         def run(self, command, timeout=60.0, sudo=False, **kw):
             self.asked.append((command, sudo))
-            return Result(self.target, self.status, "", self.stderr)
+            return Result(self.target, self.status, getattr(self, "stdout", ""), self.stderr)
 
     ranks = [Rank(0, 0), Rank(1, 1, "sudo: a password is required")]
     loaded = SimpleNamespace(cluster=cluster("/var/cache/sparkstack"))
-    failed = engine_caches.purge(loaded, Group(ranks))
-    assert ranks[0].asked == [("rm -rf -- /var/cache/sparkstack/*", True)]
+    said = []
+    ranks[0].stdout = "sparkstack-left old-cache\n"
+    failed = engine_caches.purge(loaded, Group(ranks), said.append)
+    assert ranks[0].asked == [(caches.purge_command(loaded.cluster), True)]
     assert failed == ["rank 1 (spark2): cannot remove the compile caches under /var/cache/sparkstack (exited 1: "
                       "sudo: a password is required); fix: give spark passwordless sudo, or remove that "
                       "directory's contents as root"]
+    assert said == ["rank 0 (spark1): left under /var/cache/sparkstack: old-cache (not marked .sparkstack-cache by "
+                    "the kit: made by another program, or by sparkstack before it marked its caches; remove "
+                    "them by hand if they are its)"]
     assert engine_caches.purge(SimpleNamespace(cluster=cluster(None)), Group(ranks)) == []
+
+
+# --- issue 33, item 3: a shallow cache root, and purges that touch only what the kit made --------
+
+import pytest  # noqa: E402
+
+from launcher.inputs import config  # noqa: E402
+
+
+@pytest.mark.parametrize("root", ["/", "/var", "/home", "/srv", "/tmp", "/var/cache", "/var/lib", "/home/spark",
+                                  "/usr/local", "/etc/sparkstack", "/proc/x/y", "/var/cache/sparkstack/../..",
+                                  "/var/./cache", "//var"])
+def test_a_shallow_or_shared_cache_root_is_refused(write_config, root):
+    path = write_config(lambda d: d.setdefault("container", {}).update(cache_dir=root))
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(path)
+    assert any(p.startswith(f"{path}: container.cache_dir: ") and "a directory of the kit's own" in p
+               for p in raised.value.problems), raised.value.problems
+
+
+@pytest.mark.parametrize("root", ["/var/cache/sparkstack", "/srv/engine-cache", "/home/spark/cache", "/data/x/y/"])
+def test_a_cache_root_of_its_own_is_taken(write_config, root):
+    assert config.load(write_config(lambda d: d.setdefault("container", {}).update(cache_dir=root)))
+
+
+def test_purge_removes_only_the_directories_the_kit_marked(tmp_path):
+    """`cache_dir: /` ran `rm -rf -- ''/*` as root: now only a directory holding the kit's marker
+    (written when the kit starts an engine on it) goes; the rest of the root stays, links too."""
+    root = tmp_path / "shared root"
+    made = root / "img-a"
+    (made / "vllm").mkdir(parents=True)
+    (made / caches.MARKER).write_text("x")
+    (root / "theirs" / "sub").mkdir(parents=True)
+    (root / "theirs" / "data").write_text("keep")
+    (root / "a file").write_text("keep")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / caches.MARKER).write_text("x")
+    (root / "link").symlink_to(outside)
+    done = subprocess.run(["sh", "-c", caches.purge_command(cluster(str(root)))], check=True,
+                          capture_output=True, text=True)
+    assert sorted(p.name for p in root.iterdir()) == ["a file", "link", "theirs"]
+    assert sorted(caches.parse_left(done.stdout)) == ["a file", "link", "theirs"]  # named, for `down` to say
+    assert (root / "theirs" / "data").read_text() == "keep" and (outside / caches.MARKER).exists()
+
+
+def test_every_start_marks_its_cache_directory(tmp_path):
+    """The rank's start command writes the marker into the engine's cache mount through Docker
+    (`docker cp`, as the daemon made the directory), here a fake docker on a real tree."""
+    from launcher.apply import serve
+    from launcher.plan.cluster_plan import CONTAINER_NAME
+
+    host = tmp_path / "cache" / "img-a"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in run) mkdir -p "{host}"; exit 0;; '
+        f'cp) [ "${{3%%:*}}" = {CONTAINER_NAME} ] || exit 9; '
+        f'dest="{host}${{3#*:{IN}}}"; cp "$2" "$dest";; *) exit 8;; esac\n')
+    (bin_dir / "docker").chmod(0o755)
+    rank = SimpleNamespace(rank=0, env={}, docker_run=["docker", "run", "-d", "--name", CONTAINER_NAME, "-v",
+                                                       f"{host}:{IN}", "img"], engine=["serve"])
+    command, _stdin = serve.run_command(rank)
+    import os
+    subprocess.run(["sh", "-c", command], check=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert (host / caches.MARKER).read_text().startswith("made by sparkstack")
+    no_cache = SimpleNamespace(rank=0, env={}, docker_run=["docker", "run", "-d", "img"], engine=[])
+    assert "docker cp" not in serve.run_command(no_cache)[0]

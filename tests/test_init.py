@@ -63,8 +63,8 @@ def test_init_on_a_bare_ring_then_check_and_up(bare, tmp_path):
     # a cable left unplugged: reported by ranks and ports, before anything is configured
     cut = cluster.cut_cable(3, state)
     try:
-        res = sparkstack("init", *hosts, *common, "--trust-new-hosts", "--password-stdin", "--dry-run",
-                         stdin=password)
+        res = sparkstack("init", *hosts, *common, "--trust-new-hosts", "--password-stdin", "--password-to-new-hosts",
+                         "--dry-run", stdin=password)
     finally:
         cluster.mend_cables(state)
     assert res.returncode == 1, res.stdout + res.stderr
@@ -153,7 +153,7 @@ def test_init_on_a_bare_switch_finds_each_ranks_switch_port(bare, tmp_path):
         hosts = [r["address"] for r in result["ranks"]]
         cfg = tmp_path / "cluster.yaml"
         res = sparkstack("init", *hosts, "--user", "spark", "--key", str(p["key"]), "--known-hosts",
-                         str(tmp_path / "known_hosts"), "--trust-new-hosts", "--password-stdin",
+                         str(tmp_path / "known_hosts"), "--trust-new-hosts", "--password-stdin", "--password-to-new-hosts",
                          "--profile", "sandbox", "--model-path", cluster.MODEL_PATH, "--sysfs-root",
                          cluster.SYSFS_ROOT, "-o", str(cfg), "--yes", "--dry-run", "--json",
                          stdin=p["password"].read_text())
@@ -197,7 +197,7 @@ def test_init_asks_before_trusting_a_host_key_and_prints_the_sudoers_line_it_lac
     rank = docker.from_env().containers.get(cluster.container_name("spark2"))
     assert rank.exec_run(["rm", "/etc/sudoers.d/spark"]).exit_code == 0
     try:
-        res = sparkstack(*args, "--trust-new-hosts", "--yes", stdin=password)
+        res = sparkstack(*args, "--trust-new-hosts", "--yes", "--password-to-new-hosts", stdin=password)
     finally:
         cluster.up(progress=lambda m: None)  # the rank as before init again, its sudo back
     assert res.returncode == 0, res.stdout + res.stderr
@@ -250,6 +250,11 @@ def test_init_asks_its_questions_under_a_pty_then_check_and_up_pass(bare, tmp_pa
             if host == hosts[0]:
                 child.expect(r"password \(asked once, to install the key; not stored\): ")
                 child.sendline(password)
+            else:  # a key trusted just now: asked before the password goes there (issue 33, item 9)
+                child.expect(re.escape(f"rank {hosts.index(host)} ({host}): its host key ssh-ed25519 SHA256:")
+                             + r"\S+ was trusted just now; send it the password given for "
+                             + re.escape(f"spark@{hosts[0]}?") + r" \[y/N\]: ")
+                child.sendline("y")
         child.expect(r"write /etc/netplan/60-sparkstack-fabric\.yaml on every rank and apply these addresses "
                      r"now\? \[Y/n\]: ")
         child.sendline("y")
@@ -288,7 +293,8 @@ def test_a_two_rank_ring_of_two_cables_then_one(bare, tmp_path):
     merge.write_text(yaml.safe_dump({"overrides": {"engine_args": ["--tensor-parallel-size 2",
                                                                    "--decode-context-parallel-size 2"]}}))
     args = ["init", *hosts, "--merge", str(merge), "--user", "spark", "--key", str(p["key"]), "--known-hosts", str(tmp_path / "kh"),
-            "--trust-new-hosts", "--password-stdin", "--profile", "sandbox", "--model-path", cluster.MODEL_PATH,
+            "--trust-new-hosts", "--password-stdin", "--password-to-new-hosts", "--profile", "sandbox",
+            "--model-path", cluster.MODEL_PATH,
             "--sysfs-root", cluster.SYSFS_ROOT, "-o", str(tmp_path / "cluster.yaml"), "--yes", "--dry-run",
             "--json", "--prefix", "31"]
     res = sparkstack(*args, stdin=p["password"].read_text())

@@ -335,3 +335,70 @@ def test_gpu_clock_reaches_the_role_as_prep_runs_it(load_example, tmp_path, fmt)
     got = _unwrap(next(iter(listed["_meta"]["hostvars"].values())), [])["spark_node_gpu_clock_command"]
     assert got == node_settings.gpu_clock_command(600, 2400)
     assert "nvidia-smi -lgc 600,2400" in got and node_settings.GPU_CLOCK_FILE in got
+
+
+# Issue 33, item 2: every line separator Python's str.splitlines() knows (Ansible's INI parser
+# splits with it), and the other control characters.
+LINE_SEPARATORS = ["\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+CONTROLS = LINE_SEPARATORS + ["\t", "\x00", "\x1b", "\x7f", "\x9b"]
+
+
+def _injected(separators) -> str:
+    """A model.path whose every separator starts an inventory line of its own."""
+    return "/models/m" + "".join(f"{sep}spark_injected_{i}=1" for i, sep in enumerate(separators)) + \
+        f"{separators[0]}ansible_ssh_extra_args=-o ProxyCommand=touch /tmp/pwned"
+
+
+@pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-core is not installed")
+def test_ini_inventory_takes_no_injected_lines(load_example, tmp_path):
+    """A model.path holding a line separator other than \\n (which the writer quotes) became new
+    [spark:vars] lines, ansible_ssh_extra_args among them (a ProxyCommand runs on the control
+    host). The config refuses it (below); the writer refuses it too, for a cluster built past the
+    config's checks, so Ansible never reads such a file."""
+    cluster = load_example()
+    bad = cluster.model_copy(update={"model": cluster.model.model_copy(
+        update={"path": _injected(LINE_SEPARATORS[1:])})})  # model_copy validates nothing
+    path = tmp_path / "inventory.ini"
+    try:
+        path.write_text(inventory.render(bad, "ini"))
+    except inventory.InventoryError as e:
+        assert "spark_node_model_path" in e.message and "line break or control character" in e.message
+        path.write_text(inventory.render(cluster, "ini"))  # what the writer writes instead: nothing bad
+    listed = json.loads(subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(path), "--list"],
+                                       capture_output=True, text=True, check=True).stdout)
+    hostvars = _unwrap(listed["_meta"]["hostvars"]["spark1"], [])
+    assert "ansible_ssh_extra_args" not in hostvars
+    assert not [k for k in hostvars if k.startswith("spark_injected")]
+
+
+@pytest.mark.parametrize("char", CONTROLS, ids=repr)
+def test_inventory_refuses_control_characters_in_any_string(load_example, char):
+    cluster = load_example()
+    for fmt in inventory.FORMATS:
+        bad = cluster.model_copy(update={"model": cluster.model.model_copy(update={"path": f"/models/a{char}b"})})
+        with pytest.raises(inventory.InventoryError, match="spark_node_model_path.*line break or control character"):
+            inventory.render(bad, fmt)
+
+
+MOUNTED = {"model.path", "model.local_path", "container.cache_dir"}  # docker -v: a NUL was refused already
+
+
+@pytest.mark.parametrize("char", CONTROLS, ids=repr)
+@pytest.mark.parametrize("field, edit", [
+    ("model.path", lambda d, v: d["model"].update(path=f"/models/a{v}b")),
+    ("model.local_path", lambda d, v: d["model"].update(local_path=f"/srv/a{v}b")),
+    ("container.cache_dir", lambda d, v: d.setdefault("container", {}).update(cache_dir=f"/var/cache/a{v}b")),
+    ("ssh.known_hosts", lambda d, v: d.setdefault("ssh", {}).update(known_hosts=f"/home/o/kh{v}x")),
+    ("ranks[1].key", lambda d, v: d["ranks"][1].update(key=f"/home/o/id{v}x")),
+    ("ranks[0].user", lambda d, v: d["ranks"][0].update(user=f"spark{v}x")),
+    ("model.nfs.export", lambda d, v: d["model"].update(nfs={"server": "spark1", "export": f"/srv/a{v}b"})),
+    ("model.nfs.server", lambda d, v: d["model"].update(nfs={"server": f"spark1{v}x", "export": "/srv/a"})),
+    ("overrides.sysctls.net.core.x", lambda d, v: d["overrides"].update(sysctls={"net.core.x": f"1{v}2"})),
+    ("profiles_dir", lambda d, v: d.update(profiles_dir=f"/home/o/p{v}x")),
+])
+def test_config_refuses_control_characters_with_the_field_path(write_config, field, edit, char):
+    path = write_config(lambda d: edit(d, char))
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(path)
+    said = "must not contain ':' or NUL" if char == "\x00" and field in MOUNTED else "line break or control character"
+    assert any(p.startswith(f"{path}: {field}: ") and said in p for p in raised.value.problems), raised.value.problems

@@ -20,14 +20,20 @@ def sizes(loaded: Loaded, group: Group, ranks: list[int]) -> dict[int, dict[str,
     return found
 
 
-def purge(loaded: Loaded, group: Group) -> list[str]:
-    """Remove every image's compile cache on every rank, as root (Docker made them as root).
-    Returns one line per rank that failed, naming it, the cause and the fix."""
+def purge(loaded: Loaded, group: Group, say=print) -> list[str]:
+    """Remove the compile caches the kit made (caches.MARKER) on every rank, as root (Docker made
+    them as root); what else cache_dir holds stays, and is named. Returns one line per rank that
+    failed, naming it, the cause and the fix."""
     command = caches.purge_command(loaded.cluster)
     if not command:
         return []
     failed = []
     for r in group.run(command, timeout=300, sudo=True).results:
+        left = caches.parse_left(r.stdout)
+        if left:
+            say(f"{r.target.name}: left under {loaded.cluster.container.cache_dir}: {', '.join(left)} (not "
+                f"marked {caches.MARKER} by the kit: made by another program, or by sparkstack before it "
+                "marked its caches; remove them by hand if they are its)")
         if not r.ok:
             failed.append(f"{r.target.name}: cannot remove the compile caches under "
                           f"{loaded.cluster.container.cache_dir} ({r.why()}); fix: give {r.target.user} "

@@ -11,6 +11,7 @@ A rank whose user may not run the relief commands makes `up` refuse before anyth
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,31 @@ CHECK_TIMEOUT_S = 20
 
 class MemoryFloor(SparkstackError):
     """A rank's MemAvailable fell below the hard floor while the model loaded."""
+
+
+class MemoryGuardLost(MemoryFloor):
+    """A rank's watcher stopped reporting while the model loaded: its hard floor is no longer
+    watched, which `up` treats as it treats the floor itself (every rank stopped)."""
+
+
+# The fields each kind of record must carry as finite numbers (memwatch.py's "event"; None: a sample).
+_FIELDS = {None: ("t", "avail", "free"), "relief": ("t", "rc", "free"), "hard": ("t", "avail", "free")}
+
+
+def parse_record(line: str) -> dict:
+    """One line of a watcher's output as its record; ValueError saying what is wrong with it (not
+    JSON, not an object, a field missing or not a number). Unknown events pass (ignored)."""
+    try:
+        record = json.loads(line)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"not a JSON object but {type(record).__name__}")
+    for name in _FIELDS.get(record.get("event"), ()):
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"no number {name!r}")
+    return record
 
 
 @dataclass
@@ -117,6 +143,8 @@ class MemoryGuard:
         self._channels: list[paramiko.Channel] = []
         self._threads: list[threading.Thread] = []
         self._tripped = threading.Event()
+        self._closing = False  # set when the guard ends its readers itself
+        self._lost: dict[int, str] = {}  # rank: why its reader ended while the guard was open
         self.started = time.monotonic()
 
     def __enter__(self) -> "MemoryGuard":
@@ -142,38 +170,66 @@ class MemoryGuard:
         self.close()
 
     def close(self) -> None:
+        self._closing = True
         for channel in self._channels:
             channel.close()  # the watcher's next write fails and it ends
         for thread in self._threads:
             thread.join(timeout=5)
 
     def _read(self, channel: paramiko.Channel, memory: RankMemory) -> None:
+        """Every line the rank's watcher prints, whatever it is: a line that is no record is
+        noted (memory.error) and the next one read. When the output ends while the guard is
+        open (the watcher died, its connection broke, this thread failed), the rank is lost:
+        check() then fails `up` for it."""
+        ended = "its output ended"
         try:
-            for line in channel.makefile("r"):
+            for raw in channel.makefile("rb"):
+                line = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
                 try:
-                    record = json.loads(line)
-                except ValueError:
-                    memory.error = f"the watcher printed {line.strip()[:120]!r}"
+                    record = parse_record(line)
+                except ValueError as e:
+                    memory.error = f"the watcher printed {line.strip()[:120]!r} ({e})"
                     continue
                 memory.add(record)
                 if record.get("event") == "relief":
+                    why = record.get("why")
                     self.say(f"  {memory.name}: MemFree under {self.settings.soft_free_gib:g} GiB: dropped "
                              f"page caches, compacted memory (MemFree now {record['free'] / GIB:.1f} GiB)"
-                             + ("" if record["rc"] == 0 else f"; the relief failed: {record['why']}"))
+                             + ("" if record["rc"] == 0 else f"; the relief failed: {why}"))
                 elif record.get("event") == "hard":
                     self._tripped.set()
         except (OSError, EOFError, paramiko.SSHException) as e:
-            memory.error = memory.error or f"the watcher's connection ended ({e})"
-        if not channel.closed and channel.exit_status_ready() and channel.recv_exit_status() not in (0, 3):
-            said = channel.makefile_stderr("r").read().decode(errors="replace").strip().splitlines()
-            memory.error = memory.error or (f"the watcher exited with {channel.recv_exit_status()}"
-                                            + (f": {said[-1]}" if said else ""))
+            ended = f"the watcher's connection ended ({e})"
+            memory.error = memory.error or ended
+        except Exception as e:  # noqa: BLE001 -- whatever ends this thread must not go unseen
+            ended = f"its reader failed ({type(e).__name__}: {e})"
+            memory.error = memory.error or ended
+        try:
+            if not channel.closed and channel.exit_status_ready() and channel.recv_exit_status() not in (0, 3):
+                said = channel.makefile_stderr("r").read()
+                said = (said.decode(errors="replace") if isinstance(said, bytes) else said).strip().splitlines()
+                ended = f"the watcher exited with {channel.recv_exit_status()}" + (f": {said[-1]}" if said else "")
+                memory.error = memory.error or ended
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            ended = f"the watcher's connection ended ({e})"
+        if not self._closing:
+            self._lost[memory.rank] = ended
 
     def check(self, grace: float = 0.0) -> None:
         """Raise MemoryFloor when a rank hit the hard floor (waiting up to `grace` seconds for a
         report still on its way, e.g. when its container was just found dead)."""
         if self._tripped.wait(grace):
             raise MemoryFloor(self._floor_message())
+        lost = {r: why for r, why in self._lost.items() if not self._closing}
+        if lost:
+            raise MemoryGuardLost(
+                "\n".join(f"{self.ranks[r].name}: the memory guard stopped watching ({why}) while the model "
+                          f"loaded; its hard floor of {self.settings.hard_available_gib:g} GiB would go unwatched"
+                          for r, why in sorted(lost.items()))
+                + "\nmemory on each rank while loading:\n"
+                + "\n".join("  " + m.summary() for m in self.ranks.values())
+                + "\nFix: see why the watcher stopped (the rank's python3, its SSH connection), then `up` "
+                "again; memory_guard.enabled: false turns the guard off (not advised on a GB10)")
 
     def _floor_message(self) -> str:
         hit = [m for m in self.ranks.values() if m.hard]

@@ -20,6 +20,7 @@ from ..engines import ImageNeed
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
 from ..facts.parts import FactError
+from ..plan import caches
 from ..plan.cluster_plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from ..transport.remote import Connection, Group, Result
 
@@ -69,11 +70,15 @@ def plan_hash(rank: RankPlan) -> str:
 def run_command(rank: RankPlan) -> tuple[str, bytes]:
     """The rank's `docker run` command line, labelled with its plan's hash, and its environment,
     which travels on stdin (`--env-file /dev/stdin`) so no value -- the API key included -- is
-    ever on a command line."""
+    ever on a command line. With a compile cache mounted, the kit's marker goes into it once the
+    container runs (caches.mark_command: `down --purge-caches` removes only marked directories)."""
     argv = list(rank.docker_run)
     at = argv.index("-d") + 1
     argv[at:at] = ["--label", f"{PLAN_LABEL}={plan_hash(rank)}"]
-    return shlex.join(argv + rank.engine), env_file(rank.env, f"rank {rank.rank}")
+    command = shlex.join(argv + rank.engine)
+    if any(a.endswith(f":{caches.IN_CONTAINER}") for a in rank.docker_run):
+        command += " && " + caches.mark_command(argv[argv.index("--name") + 1])
+    return command, env_file(rank.env, f"rank {rank.rank}")
 
 
 _INSPECT = rank_facts.container_state_command(CONTAINER_NAME, PLAN_LABEL, (PROFILE_LABEL, CLUSTER_LABEL))

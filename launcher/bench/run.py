@@ -23,6 +23,7 @@ import random
 import time
 from importlib import resources
 from typing import Callable
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -39,13 +40,27 @@ NEEDLE_MAX_TOKENS = 64  # the answer is one short sentence; thinking on needs --
 # ---------------------------------------------------------------- inputs
 
 def normalize_url(url: str) -> str:
-    """`host:8888`, `http://host:8888/`, `http://host:8888/v1` all name the same server root."""
+    """`host:8888`, `http://host:8888/`, `http://host:8888/v1` all name the same server root.
+    Anything else is refused here, before any lookup: a scheme other than http(s), a host that is
+    not a host name or an IP address, a port that is not 1-65535, credentials, a query, spaces."""
+    from ..inputs.config import control_chars, is_host
+
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
     url = url.rstrip("/")
-    if not re.match(r"https?://[^/\s]+", url):
-        raise ValueError(f"{url!r} is not a server address like http://HOST:PORT")
+    bad = ValueError(f"{url!r} is not a server address like http://HOST:PORT")
+    if control_chars(url) or any(c.isspace() for c in url) or not url.isascii():
+        raise bad
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise bad from None
+    if (parts.scheme not in ("http", "https") or not parts.hostname or not is_host(parts.hostname)
+            or "@" in parts.netloc or parts.query or parts.fragment or port == 0
+            or url.endswith("?") or url.endswith("#")):
+        raise bad
     return url.removesuffix("/v1")
 
 

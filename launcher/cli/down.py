@@ -25,7 +25,7 @@ def down(loaded, trust_new_hosts, wait_lock, purge_caches):
         if failed:
             raise SparkstackError(f"could not stop the container on {', '.join(failed)}"
                                   + ("; the compile caches were left alone" if purge_caches else ""))
-        not_purged = engine_caches.purge(loaded, group) if purge_caches else []
+        not_purged = engine_caches.purge(loaded, group, say) if purge_caches else []
     if not_purged:
         raise SparkstackError("stopped on every rank, but:\n" + "\n".join(not_purged))
     out.print("stopped on every rank" + (f"; compile caches under {loaded.cluster.container.cache_dir} removed"

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import click
-import yaml
 
+from ..errors import load_yaml
 from ..status import Status
 from .console import err, friendly_errors, out
 
@@ -28,6 +28,9 @@ def _say(line: str) -> None:
               show_default=True, help="host keys are checked against (and trusted ones added to) this file")
 @click.option("--trust-new-hosts", is_flag=True, help="trust unknown host keys without asking (fingerprints printed)")
 @click.option("--password-stdin", is_flag=True, help="read the login password (one line) from stdin, for scripts")
+@click.option("--password-to-new-hosts", is_flag=True,
+              help="with --yes or --password-stdin: send the password to hosts whose key was trusted in "
+                   "this run too (a person at a terminal is asked instead)")
 @click.option("--profile", "profile_name", default=None, help="the serving profile (`sparkstack profiles`)")
 @click.option("--model-path", default=None, help="the checkpoint directory, the same path on every rank")
 @click.option("--fabric-net", default="192.168.177.0/24", show_default=True,
@@ -54,7 +57,7 @@ def _say(line: str) -> None:
 @click.option("-y", "--yes", is_flag=True, help="ask nothing: flags give every answer")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @friendly_errors
-def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile_name, model_path,
+def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, password_to_new_hosts, profile_name, model_path,
          fabric_net, prefix, twins, mtu, apply_network, dry_run, output, force, sysfs_root, merge, do_ship, no_check,
          yes, as_json):
     """Connect to each host (rank 0 first), install your key, probe, discover the CX7 cabling,
@@ -76,11 +79,13 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
 
     if output.exists() and not (force or dry_run):
         raise hosts_mod.InitInputError(f"{output} exists; pass --force to overwrite it or -o another path")
+    extra = load_yaml(merge, "merge") if merge else {}  # before anything is asked or reached
     password = sys.stdin.readline().rstrip("\n") if password_stdin else None
     ask = hosts_mod.Prompts(
         say=_say,
         confirm=(lambda q: False) if yes else (lambda q: click.confirm(q, err=True)),
-        password=(lambda q: password) if (password_stdin or yes) else (lambda q: getpass.getpass(q + ": ")))
+        password=(lambda q: password) if (password_stdin or yes) else (lambda q: getpass.getpass(q + ": ")),
+        interactive=not (password_stdin or yes), password_to_new_hosts=password_to_new_hosts)
     user = user or getpass.getuser()
     if yes and not (profile_name and model_path):
         missing = [f for f, v in (("--profile", profile_name), ("--model-path", model_path)) if not v]
@@ -94,7 +99,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, profile
     answers = bringup.Answers(user=user, key=key.expanduser(), known_hosts=known_hosts.expanduser(),
                               profile=profile_name, model_path=model_path, output=output,
                               fabric_net=fabric_net, sysfs_root=sysfs_root,
-                              extra=yaml.safe_load(merge.read_text()) if merge else {})
+                              extra=extra)
     if not answers.key.exists():
         raise hosts_mod.InitInputError(f"no key {answers.key}; make one with `ssh-keygen -t ed25519` or pass --key")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import unicodedata
 from ipaddress import IPv4Address, ip_address
 from pathlib import Path
 from typing import Annotated, Literal
@@ -31,7 +32,25 @@ def _expand_user(path: Path) -> Path:
         raise ValueError(f"{str(path).split('/')[0]}: no such user on this host") from None
 
 
-UserPath = Annotated[Path, AfterValidator(_expand_user)]
+def control_chars(text: str) -> list[str]:
+    """The line separators (every one str.splitlines() splits on: Ansible's INI parser, among
+    others, starts a new line there) and the other control characters in `text`."""
+    return sorted({c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")})
+
+
+def _one_line(value):
+    """A config string that reaches a file another program splits into lines (the Ansible
+    inventory, fstab, docker's env file, a shell): one line of printable text."""
+    bad = control_chars(str(value))
+    if bad:
+        raise ValueError(f"holds a line break or control character ({', '.join(map(repr, bad))}), "
+                         "which would start a new line where it is written (the Ansible inventory, "
+                         "fstab): remove it")
+    return value
+
+
+OneLine = Annotated[str, AfterValidator(_one_line)]
+UserPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_expand_user)]
 
 
 def _mountable(path: str) -> str:
@@ -40,10 +59,39 @@ def _mountable(path: str) -> str:
     if ":" in path or "\0" in path:
         raise ValueError("must not contain ':' or NUL (docker -v PATH:PATH:ro splits on ':'); "
                          "rename the directory or mount it elsewhere")
-    return path
+    return _one_line(path)
 
 
 MountPath = Annotated[str, AfterValidator(_mountable)]  # bind-mounted at the same path on every rank
+
+# Trees no cache root of the kit's belongs in: the system's, and the world-writable ones.
+_SYSTEM_TREES = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "proc", "run", "sbin", "sys", "usr", "tmp"}
+# Directories other software shares out (their entries are not the kit's).
+_SHARED_DIRS = {"/var/cache", "/var/lib", "/var/tmp", "/var/log", "/var/spool", "/var/opt", "/var/local",
+                "/var/backups", "/var/mail", "/var/run", "/var/lock"}
+
+
+def _own_cache_root(path: str) -> str:
+    """container.cache_dir: a directory of the kit's own, two levels deep at least, outside the
+    system's trees, not a shared one (/var/cache) nor a home directory. `down --purge-caches`
+    removes only what the kit marked there (launcher/plan/caches.py), and this keeps a stray
+    value (`/`, `/var`, `/home`) from naming a directory everyone's files live in."""
+    parts = path.strip("/").split("/")
+    why = None
+    if any(p in ("", ".", "..") for p in parts):
+        why = "write it without '.', '..' or '//'"
+    elif len(parts) < 2:
+        why = "a top-level directory is shared by everything on the rank"
+    elif parts[0] in _SYSTEM_TREES:
+        why = f"/{parts[0]} is the system's (or everyone's) tree"
+    elif "/" + "/".join(parts) in _SHARED_DIRS:
+        why = "other software keeps its own entries there"
+    elif parts[0] in ("home", "root") and len(parts) == 2:
+        why = "that is a home directory"
+    if why:
+        raise ValueError(f"{path} is not a directory of the kit's own ({why}); name one like "
+                         "/var/cache/sparkstack, or null for no compile caches")
+    return path
 
 
 class SshSettings(Strict):
@@ -110,7 +158,7 @@ class Rank(Strict):
     name: Annotated[str, AfterValidator(_rank_name)] | None = None
     address: Host
     port: int = Field(22, ge=1, le=65535)
-    user: str = Field(min_length=1)
+    user: OneLine = Field(min_length=1)
     key: UserPath | None = None
     jump: Annotated[str, AfterValidator(_jump)] | None = None  # "[user@]host[:port]" of a bastion
     fabric_ips: list[IPv4Address] = []
@@ -122,8 +170,8 @@ class Rank(Strict):
 
 
 class NfsExport(Strict):
-    server: str
-    export: str
+    server: OneLine
+    export: OneLine
 
 
 class ModelSettings(Strict):
@@ -151,9 +199,25 @@ class ImageSettings(Strict):
     patches_dir: UserPath | None = None
 
 
+def _capability(name: str) -> str:
+    """A Linux capability as `docker run --cap-add` takes it: SYS_NICE (CAP_ and any case accepted)."""
+    bare = name.upper().removeprefix("CAP_")
+    if not re.fullmatch(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)*", bare) or bare == "ALL":
+        raise ValueError(f"{name!r} is not a capability name like SYS_NICE (`man 7 capabilities`); "
+                         "`ALL` is what privileged: would be, and is not offered")
+    return bare
+
+
 class ContainerSettings(Strict):
     """How each rank's serving container is started (docs/architecture.md, "Serving"). The defaults
     are the seeds': NCCL needs nofile 1048576 at 4 ranks, RDMA needs memlock unlimited (-1)."""
+
+    # `--security-opt no-new-privileges`: no process in the engine's container gains privileges
+    # (setuid binaries, file capabilities) beyond those it started with
+    no_new_privileges: bool = True
+    # the capabilities it keeps: `--cap-drop ALL` then `--cap-add` each (vLLM, NCCL over RDMA and
+    # CUDA need none: launcher/plan/cluster_plan.py's host_settings says why); null: Docker's defaults
+    capabilities: list[Annotated[str, AfterValidator(_capability)]] | None = []
 
     gpus: str | None = "all"  # `--gpus` value; null leaves it out (no GPU, as in the sandbox)
     devices: list[str] = ["/dev/infiniband"]
@@ -162,7 +226,7 @@ class ContainerSettings(Strict):
     shm_size: str = "16g"
     # the engine's compile caches (vLLM, inductor, Triton, FlashInfer, CUDA's JIT) kept on each
     # rank across boots, one directory per serving image (launcher/plan/caches.py); null: none
-    cache_dir: MountPath | None = "/var/cache/sparkstack"
+    cache_dir: Annotated[MountPath, AfterValidator(_own_cache_root)] | None = "/var/cache/sparkstack"
 
 
 class MemoryGuardSettings(Strict):
@@ -205,7 +269,7 @@ class Overrides(Strict):
     api_key: str | None = None
     open_api: bool = False
     secret_env: list[str] = []  # env names masked in output beyond *TOKEN*, *KEY*, ... (redact.py)
-    sysctls: dict[str, int | str] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
+    sysctls: dict[str, Annotated[int | str, AfterValidator(_one_line)]] = {}  # beyond vm.swappiness=1, vm.compaction_proactiveness=0
     no_swap: bool | None = None  # swap off on every rank (`prep`, `check`); unset: the profile's
 
     @field_validator("api_key")

@@ -408,7 +408,28 @@ def nccl_mounts(cluster: Cluster) -> list[str]:
 
 def host_settings(c: ContainerSettings) -> list[str]:
     """`docker run` options every engine-side container on a rank shares (the serving one, the
-    bandwidth probe's): host network and IPC, the GPU, shm, NCCL-sized ulimits, the RDMA devices."""
+    bandwidth probe's): host network and IPC, the GPU, shm, NCCL-sized ulimits, the RDMA devices,
+    and no more privilege than that takes.
+
+    What each is for:
+    - `--network host`: NCCL's and Gloo's sockets and vLLM's rendezvous on the rank's own
+      interfaces (the fabric netdevs the env pins by name), and the API on rank 0.
+    - `--ipc host`: the seeds' setting, kept: vLLM's processes (API server, engine core, workers)
+      hand requests and tensors to each other through shared memory (/dev/shm,
+      torch.multiprocessing) and CUDA IPC handles, which work only inside one IPC namespace; the
+      host's makes /dev/shm as large as the rank's memory (`--shm-size` sizes it only where the
+      namespace is private). Its cost: the container shares the rank's SysV IPC and /dev/shm,
+      each segment guarded by its owner's file mode.
+    - `--device /dev/infiniband` and `--ulimit memlock=-1`: RDMA (NCCL_NET=IB): the verbs device
+      files, and pinned memory for every registered buffer (ibv_reg_mr counts against memlock;
+      raising the limit here is what CAP_IPC_LOCK would otherwise be needed for).
+    - `--security-opt no-new-privileges` and `--cap-drop ALL` (container.no_new_privileges,
+      container.capabilities): none of the above needs a capability. The GPU comes in through
+      the NVIDIA runtime's device rules, the RDMA devices through --device, the memlock limit is
+      set by Docker before the engine starts, and the API port is above 1024; so the engine runs
+      with none (a port below 1024 needs NET_BIND_SERVICE, a checkpoint only root's override could
+      read DAC_READ_SEARCH: add them under container.capabilities).
+    """
     argv = ["--network", "host", "--ipc", "host"]
     if c.gpus:
         argv += ["--gpus", c.gpus]
@@ -416,6 +437,12 @@ def host_settings(c: ContainerSettings) -> list[str]:
              "--ulimit", f"nofile={c.nofile}:{c.nofile}", "--ulimit", f"memlock={c.memlock}:{c.memlock}"]
     for device in c.devices:
         argv += ["--device", device]
+    if c.no_new_privileges:
+        argv += ["--security-opt", "no-new-privileges"]
+    if c.capabilities is not None:
+        argv += ["--cap-drop", "ALL"]
+        for capability in dict.fromkeys(c.capabilities):
+            argv += ["--cap-add", capability]
     return argv
 
 

@@ -22,7 +22,7 @@ import yaml
 
 from ..errors import SparkstackError
 from ..inputs import node_settings as ns
-from ..inputs.config import split_jump
+from ..inputs.config import control_chars, split_jump
 
 GROUP = "spark"
 FORMATS = ("ini", "yaml")
@@ -146,7 +146,26 @@ def group_vars(cluster, no_swap: bool = False) -> dict:
 def build(cluster, no_swap: bool = False) -> dict:
     """The inventory as the YAML inventory plugin reads it."""
     hosts = {name: host_vars(cluster, i) for i, name in enumerate(host_names(cluster))}
-    return {"all": {"children": {GROUP: {"hosts": hosts, "vars": group_vars(cluster, no_swap)}}}}
+    variables = group_vars(cluster, no_swap)
+    for name, hv in hosts.items():
+        _refuse_control(f"host {name}", hv)
+    _refuse_control(f"group {GROUP}", variables)
+    return {"all": {"children": {GROUP: {"hosts": hosts, "vars": variables}}}}
+
+
+def _refuse_control(where: str, variables: dict) -> None:
+    """A string from the config with a line separator or control character: Ansible's INI parser
+    splits lines with str.splitlines() (\r, \v, \f, \x1c-\x1e, \x85, \u2028, \u2029 too), so
+    such a value would become inventory lines of its own (`ansible_ssh_extra_args=-o
+    ProxyCommand=...` runs a command here). The config refuses them (launcher/inputs/config.py);
+    this refuses them for any cluster that got past it, in both formats."""
+    for name, value in variables.items():
+        for text in _strings(value):
+            bad = isinstance(text, _Unsafe) and control_chars(text)
+            if bad:
+                raise InventoryError(f"{where}: {name} = {text!r} holds a line break or control "
+                                     f"character ({', '.join(map(repr, bad))}), which would start "
+                                     "a line of its own in the inventory: remove it from the config")
 
 
 def render(cluster, fmt: str = "ini", no_swap: bool = False) -> str:
@@ -229,7 +248,9 @@ def _literal_changes(text: str) -> bool:
 def with_host_vars(cluster, extra: dict[int, dict]) -> str:
     """A YAML inventory of the ranks with more host vars per rank index (for ansible/fabric.yml:
     each rank's netplan text and addresses), every value data, never a template."""
-    hosts = {name: {**host_vars(cluster, i), **_unsafe(extra.get(i, {}))}
-             for i, name in enumerate(host_names(cluster))}
+    hosts = {}
+    for i, name in enumerate(host_names(cluster)):
+        _refuse_control(f"host {name}", host_vars(cluster, i))  # the extras: ours (netplan text)
+        hosts[name] = {**host_vars(cluster, i), **_unsafe(extra.get(i, {}))}
     doc = {"all": {"children": {GROUP: {"hosts": hosts, "vars": {"ansible_python_interpreter": PYTHON}}}}}
     return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)
