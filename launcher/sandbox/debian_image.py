@@ -334,6 +334,8 @@ STANDIN_PACKAGE = {
     "vllm/model_executor/layers/sparse_attn_indexer.py": b"# stock indexer (stand-in)\n",
     "vllm/model_executor/models/deepseek_v2.py": b"# stock DeepseekV2Model (stand-in)\n",
     "exllamav3_ext.cpython-311-x86_64-linux-gnu.so": b"\x7fELF exllamav3 0.0.43 (stand-in)\n",
+    # `import ray` works, as in an image with Ray installed (vLLM's Ray executor imports it)
+    "ray/__init__.py": b"# STAND-IN ray package (sparkstack sandbox): importable only; `ray` is standin_ray.py\n",
 }
 
 
@@ -347,7 +349,7 @@ TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbo
 # the memory it loads through standin_mem, and parses its values with the kit's vllm_options
 # (value_parsers_file), copied beside them.
 STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py",
-                   "standin_mem.py")
+                   "standin_mem.py", "standin_engine_config.py")
 # A stand-in installed under the real program's module path instead of its own name.
 INSTALLED_AS = {"standin_tensorfold.py": "tensorfold/cli.py"}
 
