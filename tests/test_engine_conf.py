@@ -1,0 +1,123 @@
+"""The plan decides what vLLM 0.33's engine configuration will say (issue 32,
+launcher/plan/engine_conf.py): the checkpoint's own maximum length and the override a profile
+asks for with its evidence, and the image capabilities the flags need."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from launcher.cli.commands import main
+from launcher.errors import PlanRefused
+from launcher.facts.checkpoint import ModelLimits, read_limits
+from launcher.images import chain
+from launcher.inputs import config
+from launcher.inputs.profile import ImageSpec
+from launcher.plan import engine_conf
+from test_checkpoint import checkpoint  # noqa: F401  (a small real checkpoint fixture)
+
+
+def plan(path, *extra):
+    return CliRunner().invoke(main, ["plan", "-c", str(path), "--offline", *extra])
+
+
+@pytest.mark.parametrize("profile", ["keys-1m-dcp4", "keys35-1m-dcp4"])
+def test_the_1m_profiles_plan_the_override_and_say_why(write_config, profile):
+    result = plan(write_config(lambda d: d.update(profile=profile)), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert all(r["env"]["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1" for r in data["ranks"])
+    note = next(n for n in data["notes"] if "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set" in n)
+    assert "--max-model-len 1000000 is above the checkpoint's own maximum (max_position_embeddings 202752" in note
+    assert ("979K" if profile == "keys-1m-dcp4" else "905K") in note
+    assert any(a.startswith(f"model limits: profile {profile}'s figures (max_position_embeddings 202752")
+               for a in data["assumed"])
+
+
+def test_a_context_within_the_models_maximum_sets_nothing(write_config):
+    data = json.loads(plan(write_config(lambda d: d.update(profile="keys35-200k")), "--json").output)
+    assert all("VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in r["env"] for r in data["ranks"])
+
+
+def short_checkpoint(src, dst, **config):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(config)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_a_longer_context_nobody_asked_for_is_refused_with_both_figures(write_config, checkpoint, tmp_path):  # noqa: F811
+    model = short_checkpoint(checkpoint, tmp_path / "short", max_position_embeddings=131072,
+                             quantization_config={"quant_method": "exl3"})
+    result = plan(write_config(lambda d: d.update(profile="keys35-200k") or d["model"].update(path=str(model))))
+    assert result.exit_code == 3, result.output
+    assert ("profile keys35-200k: --max-model-len 200000 is above the checkpoint's own maximum "
+            "(max_position_embeddings 131072 in config.json)") in result.output
+    assert "Lower --max-model-len to 131072 or less" in result.output
+    # the override written in cluster.yaml is taken, and said
+    path = write_config(lambda d: d.update(profile="keys35-200k") or d["model"].update(path=str(model))
+                        or d["overrides"].setdefault("env", {}).update(VLLM_ALLOW_LONG_MAX_MODEL_LEN="1"))
+    result = plan(path)
+    assert result.exit_code == 0 and "overrides.env sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in result.output
+
+
+def test_limits_come_from_config_json_and_a_quantization_config_json_is_ignored(checkpoint, tmp_path):  # noqa: F811
+    model = short_checkpoint(checkpoint, tmp_path / "m", max_position_embeddings=202752, n_positions=4096)
+    (model / "quantization_config.json").write_text('{"quant_method": "exl3", "bits": 3.0}')
+    limits = read_limits(model)
+    assert (limits.max_len, limits.max_len_key) == (4096, "n_positions")  # vLLM takes the smallest key
+    assert limits.quant_method is None and limits.ignored_quant == "exl3"
+    assert engine_conf.quant_notes(limits)[0].startswith("the checkpoint's quantization (exl3) is written "
+                                                         "only in quantization_config.json")
+    both = ModelLimits.from_config({"quantization_config": {"quant_method": "exl3"}}, {"quant_method": "exl3"})
+    assert both.quant_method == "exl3" and both.ignored_quant is None
+
+
+def loaded_with(write_config, profile, **image):
+    loaded = config.load(write_config(lambda d: d.update(profile=profile)))
+    spec = loaded.profile.image.model_dump()
+    spec.update(image)
+    return loaded.model_copy(update={"profile": loaded.profile.model_copy(update={"image": ImageSpec(**spec)})})
+
+
+GLM = ModelLimits(202752, "max_position_embeddings", "exl3", "config.json", sparse=True)
+
+
+def test_every_vllm_profile_has_what_its_flags_need(write_config):
+    for profile in ("keys-1m-dcp4", "keys35-200k", "keys35-1m-dcp4", "pollard-180k", "sandbox"):
+        loaded = loaded_with(write_config, profile)
+        assert engine_conf.missing(loaded, GLM, chain.image_caps(loaded)) == [], profile
+
+
+def test_an_image_without_a_stage_is_refused_naming_the_stage(write_config):
+    loaded = loaded_with(write_config, "sandbox", chain=[])  # the stand-in base alone: stock vLLM
+    lines = engine_conf.missing(loaded, GLM, chain.image_caps(loaded))
+    assert lines[0].startswith("the serving image lacks attention:sparse-mla-dcp (--decode-context-parallel-size 4 "
+                               "with sparse MLA on a GB10")
+    assert lines[0].endswith("the stage dcp brings it: add it to image.chain")
+    assert "lacks quantization:exl3" in lines[1] and "the stage mul1 brings it" in lines[1]
+    with pytest.raises(PlanRefused, match="profile sandbox cannot start on its serving image"):
+        engine_conf.refuse_missing(loaded, GLM, chain.image_caps(loaded))
+
+
+def test_a_prebuilt_image_that_does_not_say_it_brings_the_custom_backend(write_config):
+    loaded = loaded_with(write_config, "pollard-180k", brings=["quantization:exl3"])
+    lines = engine_conf.missing(loaded, GLM, chain.image_caps(loaded))
+    assert lines == ["the serving image lacks attention:CUSTOM (--attention-backend CUSTOM needs a plugin that "
+                     "registers it); use an image that registers it (and say so in image.brings)"]
+
+
+def test_a_stock_quantization_needs_nothing(write_config):
+    loaded = loaded_with(write_config, "keys35-200k", brings=[])
+    fp8 = ModelLimits(202752, "max_position_embeddings", "fp8", "config.json", sparse=True)
+    profile = loaded.profile.model_copy(update={"needs": []})
+    assert engine_conf.missing(loaded.model_copy(update={"profile": profile}), fp8, chain.image_caps(loaded)) == []
+
+
+def test_a_capability_name_is_checked(write_config):
+    with pytest.raises(ValueError, match="is not an image capability"):
+        ImageSpec(prebuilt="x", brings=["attention:dcp"])
