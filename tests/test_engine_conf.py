@@ -121,3 +121,63 @@ def test_a_stock_quantization_needs_nothing(write_config):
 def test_a_capability_name_is_checked(write_config):
     with pytest.raises(ValueError, match="is not an image capability"):
         ImageSpec(prebuilt="x", brings=["attention:dcp"])
+
+
+# ----------------------------------------------- check's engine config row (part C)
+
+from launcher.check import report as check_report  # noqa: E402
+from launcher.gather import engine_config  # noqa: E402
+from launcher.gather.engine_config import EngineAnswer  # noqa: E402
+from test_check import fabric_facts, inputs, row, sandbox_config  # noqa: E402,F401
+
+
+def test_the_question_is_rank_0s_container_without_network_running_the_script():
+    docker_run = ["docker", "run", "-d", "--name", "sparkstack-engine", "--network", "host", "--ipc", "host",
+                  "--gpus", "all", "-v", "/models/m:/models/m:ro", "--label", "org.sparkstack.rank=0",
+                  "--env-file", "/dev/stdin", "sparkstack/keys:abc"]
+    line = engine_config.command(docker_run, ["vllm", "serve", "/models/m", "--max-model-len", "1000000"])
+    import shlex
+    argv = shlex.split(line)
+    assert argv[:5] == ["docker", "run", "--rm", "--network", "none"]
+    assert "-d" not in argv and "--name" not in argv and "--label" not in argv and "host" not in argv
+    assert argv[argv.index("--gpus") + 1] == "all" and "/models/m:/models/m:ro" in argv
+    assert argv[argv.index("--entrypoint") + 1:][:3] == ["python3", "sparkstack/keys:abc", "-c"]
+    assert json.loads(argv[-1]) == {"argv": ["/models/m", "--max-model-len", "1000000"]}
+    ray_head = ["sh", "-c", "ray start --head --port=6379 && exec vllm serve /m --distributed-executor-backend ray"]
+    assert engine_config.serve_argv(ray_head) == ["/m", "--distributed-executor-backend", "ray"]
+    assert engine_config.command(docker_run, ["ray", "start", "--block"]) is None
+
+
+LONG_MSG = ("ValueError: User-specified max_model_len (1000000) is greater than the derived max_model_len "
+            "(max_position_embeddings=202752.0 or model_max_length=None in model's config.json). To allow "
+            "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+
+
+def engine_row(loaded, facts, **kw):
+    return row(check_report.evaluate(inputs(loaded, facts, **kw)), 0, "engine config")
+
+
+def test_the_row_fails_with_the_engines_message_and_the_fix(sandbox_config, fabric_facts):  # noqa: F811
+    found = engine_row(sandbox_config, fabric_facts,
+                       engine_answer=EngineAnswer(False, LONG_MSG, 1.4, "sparkstack/keys:abc"))
+    assert found.status == "fail" and LONG_MSG in found.value and "1.4 s in sparkstack/keys:abc" in found.value
+    assert "long_context" in found.fix
+    ok = engine_row(sandbox_config, fabric_facts, engine_answer=EngineAnswer(True, "max_model_len=65536", 0.9, "i"))
+    assert ok.status == "pass" and "takes the planned argv" in ok.value
+    unasked = engine_row(sandbox_config, fabric_facts, engine_unasked="i is not on rank 0 yet")
+    assert unasked.status == "warn"
+    report = check_report.evaluate(inputs(sandbox_config, fabric_facts))  # not asked by this caller: no row
+    assert "engine config" not in [c.name for c in report.ranks[0].checks]
+    assert all("engine config" not in [c.name for c in r.checks] for r in report.ranks[1:])
+
+
+def test_the_row_refuses_a_quantization_config_json_the_engine_would_ignore(sandbox_config, fabric_facts, tmp_path):  # noqa: F811
+    from launcher.gather.value import ModelFacts
+
+    gathered = inputs(sandbox_config, fabric_facts)
+    limits = ModelLimits(202752, "max_position_embeddings", None, None, "exl3", True)
+    gathered.model = ModelFacts(gathered.model.shape, gathered.model.weights, gathered.model.assumed, limits)
+    gathered.engine_answer = EngineAnswer(True, "quantization=None", 0.5, "i")  # the engine says nothing
+    found = row(check_report.evaluate(gathered), 0, "engine config")
+    assert found.status == "fail" and "only in quantization_config.json" in found.value
+    assert "unquantized" in found.value and "config.json" in found.fix

@@ -14,6 +14,7 @@ from ..inputs.capabilities import ImageCaps
 from ..inputs.config import Loaded
 
 if TYPE_CHECKING:  # the types only: the plan imports this module and stays away from SSH
+    from .engine_config import EngineAnswer
     from .extras import Extras, PingTarget
     from .probe import RankFacts
 
@@ -47,6 +48,8 @@ class Gathered:
     targets: dict[int, list[PingTarget]] = field(default_factory=dict)  # whom each rank pinged
     extras: dict[int, Extras] = field(default_factory=dict)  # the pings' answers, dockerd's caps
     image_caps: ImageCaps | None = None  # what the serving image brings (None: not read)
+    engine_answer: EngineAnswer | None = None  # the image's engine on the planned argv (engine_config.py)
+    engine_unasked: str | None = None  # why it was not asked
     staged: dict[int, dict | str] = field(default_factory=dict)  # model.local_path vs model.path listings
 
     @property
