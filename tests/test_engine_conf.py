@@ -181,3 +181,14 @@ def test_the_row_refuses_a_quantization_config_json_the_engine_would_ignore(sand
     found = row(check_report.evaluate(gathered), 0, "engine config")
     assert found.status == "fail" and "only in quantization_config.json" in found.value
     assert "unquantized" in found.value and "config.json" in found.fix
+
+
+def test_a_fusion_pass_under_breakable_cuda_graphs_gets_a_note(write_config):
+    data = json.loads(plan(write_config(lambda d: d.update(profile="keys35-200k")), "--json").output)
+    note = next(n for n in data["notes"] if "fuse_allreduce_rms" in n)
+    assert note.startswith("--compilation-config.pass_config.fuse_allreduce_rms=true has no effect on vLLM 0.33 "
+                           "for GlmMoeDsaForCausalLM")
+    # opting out of breakable graphs (the variable set) makes the pass run: no note
+    path = write_config(lambda d: d.update(profile="keys35-200k")
+                        or d["overrides"].setdefault("env", {}).update(VLLM_USE_BREAKABLE_CUDAGRAPH="0"))
+    assert not any("fuse_allreduce_rms" in n for n in json.loads(plan(path, "--json").output)["notes"])

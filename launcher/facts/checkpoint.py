@@ -89,6 +89,7 @@ class ModelLimits:
     quant_source: str | None = None  # "config.json" or None
     ignored_quant: str | None = None
     sparse: bool = False  # a DSA indexer (index_topk): sparse MLA
+    architectures: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: dict, beside: dict | None = None) -> "ModelLimits":
@@ -106,8 +107,10 @@ class ModelLimits:
         method = method if isinstance(method, str) and method else None
         other = beside.get("quant_method") if isinstance(beside, dict) else None
         ignored = other if isinstance(other, str) and other and method is None else None
+        archs = config.get("architectures") if isinstance(config, dict) else None
+        archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
         return cls(max_len, key, method, "config.json" if method else None, ignored,
-                   "index_topk" in text)
+                   "index_topk" in text, archs)
 
 
 def read_limits(model_dir: Path) -> ModelLimits:

@@ -52,7 +52,8 @@ def profile_limits(loaded: Loaded, why: str) -> tuple[ModelLimits | None, tuple[
         return None, ()
     limits = ModelLimits(d.max_position_embeddings, "max_position_embeddings" if d.max_position_embeddings else None,
                          d.quant_method, "config.json" if d.quant_method else None,
-                         sparse=loaded.profile.defaults.model_shape.index_head_dim > 0)
+                         sparse=loaded.profile.defaults.model_shape.index_head_dim > 0,
+                         architectures=(d.architecture,) if d.architecture else ())
     return limits, (f"model limits: profile {loaded.profile.name}'s figures (max_position_embeddings "
                     f"{d.max_position_embeddings}, quant_method {d.quant_method}; {why})",)
 

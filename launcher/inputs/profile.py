@@ -114,6 +114,7 @@ class Defaults(Strict):
     # quantization_config.quant_method), for a plan made without the checkpoint
     max_position_embeddings: PositiveInt | None = None
     quant_method: str | None = None
+    architecture: str | None = None  # config.json's architectures[0]
 
 
 class LongContext(Strict):

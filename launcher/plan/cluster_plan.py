@@ -152,7 +152,8 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
                         key.value, _prebuilt_id(loaded, image, facts.get(r)), long_env)
              for r in range(len(cluster.ranks))]
     notes = (loaded.engine.notes(master, len(cluster.ranks)) + long_notes
-             + engine_conf.quant_notes(model.limits))
+             + engine_conf.quant_notes(model.limits)
+             + engine_conf.no_effect_notes(loaded, model.limits, ranks[0].env if ranks else {}))
     nfs = cluster.model.nfs.server if cluster.model.nfs else None
     load = load_path.for_ranks(facts, nfs)
     return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,

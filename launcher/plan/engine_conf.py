@@ -94,3 +94,27 @@ def quant_notes(limits: ModelLimits | None) -> list[str]:
     return [f"the checkpoint's quantization ({limits.ignored_quant}) is written only in "
             "quantization_config.json, which vLLM 0.33 does not read: it would configure the model "
             "as unquantized (`check` refuses it: put it in config.json's quantization_config)"]
+
+
+# vLLM 0.33.0's config/vllm.py DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES (the GLM-5 family among
+# them): for these, _maybe_enable_breakable_cudagraph sets VLLM_USE_BREAKABLE_CUDAGRAPH=1 unless the
+# variable is set, which sets the compilation mode to NONE: no Inductor pass runs.
+BREAKABLE_CUDAGRAPH_ARCHITECTURES = frozenset((
+    "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "DeepseekV41ForCausalLM", "Glm5NextForCausalLM",
+    "Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM", "KimiLinearForCausalLM"))
+
+
+def no_effect_notes(loaded: Loaded, limits: ModelLimits | None, env: dict[str, str]) -> list[str]:
+    """Flags known to have no effect on vLLM 0.33 for this model (issue 32): compile-time fusion
+    passes under the breakable CUDA graphs vLLM turns on by itself for the architecture."""
+    if limits is None or not loaded.engine.startup_guard:
+        return []
+    arch = next((a for a in limits.architectures if a in BREAKABLE_CUDAGRAPH_ARCHITECTURES), None)
+    if arch is None or env.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "") != "":
+        return []
+    passes = [f for f in loaded.flags if f.key.startswith("compilation_config.pass_config.")
+              and "fuse" in f.key and (f.values or ("true",))[0].lower() in ("true", "1")]
+    return [f"{f.name}={(f.values or ['true'])[0]} has no effect on vLLM 0.33 for {arch}: vLLM turns on "
+            "breakable CUDA graphs for this architecture (VLLM_USE_BREAKABLE_CUDAGRAPH=1), which sets the "
+            "compilation mode to NONE, so no fusion pass runs (vLLM still logs the pass as enabled)"
+            for f in passes]
