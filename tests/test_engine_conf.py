@@ -94,14 +94,24 @@ def test_every_vllm_profile_has_what_its_flags_need(write_config):
 
 
 def test_an_image_without_a_stage_is_refused_naming_the_stage(write_config):
-    loaded = loaded_with(write_config, "sandbox", chain=[])  # the stand-in base alone: stock vLLM
+    loaded = loaded_with(write_config, "keys-1m-dcp4", chain=[])  # Mia's base alone: EXL3, no DCP backend
     lines = engine_conf.missing(loaded, GLM, chain.image_caps(loaded))
-    assert lines[0].startswith("the serving image lacks attention:sparse-mla-dcp (--decode-context-parallel-size 4 "
-                               "with sparse MLA on a GB10")
-    assert lines[0].endswith("the stage dcp brings it: add it to image.chain")
-    assert "lacks quantization:exl3" in lines[1] and "the stage mul1 brings it" in lines[1]
-    with pytest.raises(PlanRefused, match="profile sandbox cannot start on its serving image"):
+    assert lines == ["the serving image lacks attention:sparse-mla-dcp (--decode-context-parallel-size 4 with "
+                     "sparse MLA on a GB10 (compute capability 12.1): stock vLLM 0.33 has no such backend); the "
+                     "stage dcp brings it: add it to image.chain"]
+    with pytest.raises(PlanRefused, match="profile keys-1m-dcp4 cannot start on its serving image"):
         engine_conf.refuse_missing(loaded, GLM, chain.image_caps(loaded))
+    stock = loaded_with(write_config, "keys-1m-dcp4", chain=["dcp"], brings=[])  # a stock vLLM base
+    lines = engine_conf.missing(stock, GLM, chain.image_caps(stock))
+    assert len(lines) == 1 and "lacks quantization:exl3" in lines[0] and "the stage mul1 brings it" in lines[0]
+
+
+def test_an_image_that_does_not_say_what_it_brings_is_not_judged_but_said(write_config):
+    loaded = loaded_with(write_config, "pollard-180k", brings=None)
+    caps = chain.image_caps(loaded)
+    assert engine_conf.missing(loaded, GLM, caps) == []
+    note = engine_conf.undeclared_notes(loaded, GLM, caps)[0]
+    assert "does not say what its image brings (image.brings)" in note and "attention:CUSTOM" in note
 
 
 def test_a_prebuilt_image_that_does_not_say_it_brings_the_custom_backend(write_config):

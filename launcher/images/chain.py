@@ -479,7 +479,7 @@ def image_caps(loaded) -> capabilities.ImageCaps:
     plan to judge (ConfigError: a stage that does not load)."""
     spec = loaded.profile.image
     source = f"prebuilt image {spec.prebuilt}" if spec.prebuilt else f"base image {spec.base}"
-    brings = [(source, tuple(spec.brings))]
+    brings = [(source, tuple(spec.brings or ()))]
     brings += [(s.name, tuple(s.spec.brings)) for s in load_stages(list(spec.chain))]
     catalog = []
     for name, folder in _defined(IMAGES_DIR).items():
@@ -488,4 +488,4 @@ def image_caps(loaded) -> capabilities.ImageCaps:
         except ConfigError:
             continue
         catalog.append((name, tuple(stage_spec.brings)))
-    return capabilities.ImageCaps(tuple(brings), tuple(catalog))
+    return capabilities.ImageCaps(tuple(brings), tuple(catalog), spec.brings is not None)

@@ -49,6 +49,7 @@ class ImageCaps:
 
     brings: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (source, capabilities), base first
     catalog: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (stage, capabilities) of images/
+    declared: bool = True  # False: the profile's image.brings is absent, nothing can be judged
 
     def has(self, capability: str) -> bool:
         return any(capability in caps for _, caps in self.brings)

@@ -66,8 +66,9 @@ class ImageSpec(Strict):
     base: str | None = None
     prebuilt: str | None = None
     # what the base (or the prebuilt image) registers beyond stock vLLM 0.33; each chain stage
-    # says its own in images/<stage>/stage.yaml `brings` (launcher/inputs/capabilities.py)
-    brings: list[Capability] = []
+    # says its own in images/<stage>/stage.yaml `brings` (launcher/inputs/capabilities.py).
+    # Absent: not declared, so `plan` cannot judge the image (check's engine row still asks it)
+    brings: list[Capability] | None = None
 
     @model_validator(mode="after")
     def _one_kind(self):

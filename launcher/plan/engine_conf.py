@@ -66,7 +66,7 @@ def needs(loaded: Loaded, limits: ModelLimits | None) -> list[tuple[str, str]]:
 
 def missing(loaded: Loaded, limits: ModelLimits | None, caps: ImageCaps | None) -> list[str]:
     """One line per capability the serving image lacks (empty: none, or the image is not known)."""
-    if caps is None or not loaded.engine.startup_guard:
+    if caps is None or not caps.declared or not loaded.engine.startup_guard:
         return []
     lines = []
     for capability, why in needs(loaded, limits):
@@ -85,6 +85,17 @@ def refuse_missing(loaded: Loaded, limits: ModelLimits | None, caps: ImageCaps |
     if lines:
         raise PlanRefused(f"profile {loaded.profile.name} cannot start on its serving image: "
                           + "; ".join(lines))
+
+
+def undeclared_notes(loaded: Loaded, limits: ModelLimits | None, caps: ImageCaps | None) -> list[str]:
+    """What the plan could not judge: an image whose profile does not say what it brings."""
+    if caps is None or caps.declared or not loaded.engine.startup_guard:
+        return []
+    wanted = [c for c, _ in needs(loaded, limits)]
+    if not wanted:
+        return []
+    return [f"profile {loaded.profile.name} does not say what its image brings (image.brings): the plan "
+            f"cannot tell whether it registers {', '.join(wanted)}; `check`'s engine config row asks the image"]
 
 
 def quant_notes(limits: ModelLimits | None) -> list[str]:
