@@ -61,6 +61,13 @@ def real_vllm(argv):
     return 0, [f"max_model_len={mc.max_model_len} quantization={mc.quantization}"]
 
 
+def _asked(question, argv):
+    try:
+        return question(argv)
+    except Exception as e:  # the question itself broke: said as the answer, not as a traceback
+        return 1, [f"the engine configuration could not be asked: {type(e).__name__}: {e}"]
+
+
 def main():
     request = json.loads(sys.argv[1])
     argv = list(request["argv"])
@@ -72,9 +79,9 @@ def main():
         except ImportError as e:
             print("ENGINECONF FAIL " + json.dumps(f"the image's python3 has no vLLM ({e})"))
             return 0
-        code, lines = standin_vllm.validate(argv)
+        code, lines = _asked(standin_vllm.validate, argv)
     else:
-        code, lines = real_vllm(argv)
+        code, lines = _asked(real_vllm, argv)
     print(("ENGINECONF OK " if code == 0 else "ENGINECONF FAIL ") + json.dumps("\n".join(lines)))
     return 2 if code == 2 else 0
 

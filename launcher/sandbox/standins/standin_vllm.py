@@ -982,7 +982,10 @@ def validate(argv: list[str]) -> tuple[int, list[str]]:
     import io
 
     flags = os.environ.get("SANDBOX_VLLM_FLAGS", DEFAULT_FLAGS)
-    table = vllm_options.read_table(flags)
+    try:
+        table = vllm_options.read_table(flags)
+    except (OSError, ValueError) as e:
+        return 1, [f"vllm (sandbox stand-in): cannot read the option table {flags}: {e}"]
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
