@@ -384,7 +384,9 @@ def test_a_row_is_one_declaration_found_by_the_folder(sandbox_config, fabric_fac
     from launcher.status import Status
 
     names = [d.name for d in rows.declared()]
-    assert tuple(n for n in names if n != "staged") == check.ORDER and check.SHOWN[:len(names)] == tuple(names)
+    always = tuple(d.name for d in rows.declared() if not d.sometimes)  # staged, engine config: where they apply
+    assert always == check.ORDER and check.SHOWN[:len(names)] == tuple(names)
+    assert {d.name for d in rows.declared() if d.sometimes} == {"staged", "engine config"}
     assert all(d.reads for d in rows.declared())
 
     @rows.row("toy", order=255, reads=("kernel",))  # between clock (250) and api key (260)

@@ -41,7 +41,8 @@ LAYER = {folder: n for n, folders in enumerate(LAYERS) for folder in folders}
 # Run on a rank (or in the sandbox's image) by a bare python3: what its standard library has.
 # A rank promises Python 3.8+, so nothing the standard library gained after 3.8.
 STDLIB = set(sys.stdlib_module_names) - {"graphlib", "zoneinfo", "tomllib"}
-STANDALONE = {"launcher.onrank": {"nccl_allreduce": {"torch"}},  # runs in the serving image
+STANDALONE = {"launcher.onrank": {"nccl_allreduce": {"torch"},  # these two run in the serving image
+                                  "engine_config": {"vllm", "standin_vllm"}},
               "launcher.sandbox.standins": {},
               "launcher.inputs.vllm_options": {}}  # copied beside the stand-ins, as is
 # The stand-ins are installed side by side in the image's dist-packages and import one another,

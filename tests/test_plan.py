@@ -116,13 +116,13 @@ def test_ray_head_then_workers(write_config):
         assert data["ranks"][r]["engine"] == ["ray", "start", "--block", "--address=10.0.0.11:6379",
                                               f"--node-ip-address=10.0.0.1{r + 1}"]
     # and the plan says what Ray leaves open, which no flag closes
-    assert len(data["notes"]) == 1 and data["notes"][0].startswith("Ray head on rank 0, joined at 10.0.0.11:6379")
+    assert data["notes"][0].startswith("Ray head on rank 0, joined at 10.0.0.11:6379")  # then the 1M context's
     assert "listen on every interface" in data["notes"][0] and "firewall those ports" in data["notes"][0]
     assert "master_port / --master-port apply to multinode: native only" in data["notes"][0]
     text = CliRunner().invoke(main, ["plan", "-c", str(write_config(lambda d: d.update(multinode="ray"))),
                                      "--offline"]).output
     assert "note    Ray head on rank 0, joined at 10.0.0.11:6379" in text
-    assert plan_json(write_config())["notes"] == []  # native multi-node: no Ray
+    assert not any("Ray" in n for n in plan_json(write_config())["notes"])  # native multi-node: no Ray
 
 
 def test_master_port_is_explicit_and_configurable(write_config):

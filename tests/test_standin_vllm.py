@@ -61,11 +61,14 @@ class Standin:
     Unless a test says otherwise the rank has all its memory free and the worker holds nothing,
     so vLLM's startup guard passes; the guard's own tests give it a GB10's figures."""
 
-    def __init__(self, tmp: Path, args: list[str], env: dict | None = None, serve=True):
+    def __init__(self, tmp: Path, args: list[str], env: dict | None = None, serve=True,
+                 config: dict | None = None):
         self.port = free_port()
         self.record = tmp / "log" / "record.json"
         self.stderr_path = tmp / "stderr.log"
         self.model = model_dir(tmp)
+        if config is not None:
+            (self.model / "config.json").write_text(json.dumps(config))
         self.env = {**os.environ, "SANDBOX_VLLM_FLAGS": str(FLAGS),
                     "SANDBOX_VLLM_RECORD": str(self.record), "STANDIN_TEST_MARK": "42",
                     **roomy_env(tmp), **(env or {})}
@@ -164,8 +167,8 @@ def plain(tmp_path_factory):
 
 # ---------------------------------------------------------------- argv
 
-def run_once(tmp_path, args, env=None, serve=True) -> subprocess.CompletedProcess:
-    server = Standin(tmp_path, args, env, serve)
+def run_once(tmp_path, args, env=None, serve=True, config=None) -> subprocess.CompletedProcess:
+    server = Standin(tmp_path, args, env, serve, config)
     server.proc.wait(timeout=10)
     return subprocess.CompletedProcess(server.argv, server.proc.returncode,
                                        server.proc.stdout.read(), server.stderr)
@@ -586,7 +589,8 @@ def test_ray_head_workers_and_a_waiting_vllm(tmp_path):
     try:
         server = Standin(tmp_path, ["--tensor-parallel-size", "3", "--distributed-executor-backend", "ray",
                                     "--master-port", str(free_port())],
-                         {**net, "RAY_ADDRESS": f"127.0.0.1:{port}", "SANDBOX_RAY_WAIT_S": "20"})
+                         {**net, "RAY_ADDRESS": f"127.0.0.1:{port}", "SANDBOX_RAY_WAIT_S": "20",
+                          "PYTHONPATH": str(image_site(tmp_path, ray=True))})
         for i in (2, 3):
             wenv = {**env, "SANDBOX_RAY_RECORD": str(tmp_path / f"ray{i}.json")}
             workers.append(subprocess.Popen([sys.executable, str(RAY), "start", "--block",
@@ -607,7 +611,8 @@ def test_ray_head_workers_and_a_waiting_vllm(tmp_path):
 
 def test_vllm_on_ray_gives_up_without_enough_nodes(tmp_path):
     out = run_once(tmp_path, ["--tensor-parallel-size", "4", "--distributed-executor-backend", "ray"],
-                   {"RAY_ADDRESS": f"127.0.0.1:{free_port()}", "SANDBOX_RAY_WAIT_S": "1"})
+                   {"RAY_ADDRESS": f"127.0.0.1:{free_port()}", "SANDBOX_RAY_WAIT_S": "1",
+                    "PYTHONPATH": str(image_site(tmp_path, ray=True))})
     assert out.returncode == 1 and "has 0 of the 4 nodes the placement group needs" in out.stderr
 
 
@@ -679,3 +684,129 @@ def test_a_checkpoint_off_the_nfs_path_is_read_unthrottled(tmp_path):
     assert read_bytes(server.proc.pid) >= 4 << 20
     assert server.stop() == 0
     assert float(re.search(r"Loading weights took ([\d.]+) seconds", server.stderr).group(1)) < 1
+
+
+# ------------------------------------------------- vLLM 0.33's engine configuration (issue 32)
+
+def image_site(tmp: Path, ray: bool = False, registers: tuple[str, ...] = ()) -> Path:
+    """A dist-packages of a serving image: Ray importable, and a patch of its `vllm` package that
+    registers `registers` (as a chain stage's overlay does: standin_engine_config.registered)."""
+    site = tmp / "site"
+    (site / "vllm").mkdir(parents=True, exist_ok=True)
+    if ray:
+        (site / "ray").mkdir(exist_ok=True)
+        (site / "ray" / "__init__.py").write_text("# stand-in ray\n")
+    if registers:
+        (site / "vllm" / "patch.py").write_text(f"SANDBOX_PATCH = 'patch'\nSANDBOX_REGISTERS = {list(registers)!r}\n")
+    return site
+
+
+GLM5 = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "torch_dtype": "bfloat16",
+        "max_position_embeddings": 202752, "rope_theta": 1000000, "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64, "index_topk": 2048, "quantization_config": {"quant_method": "exl3", "bits": 3.0}}
+EXL3 = ("quantization:exl3",)
+LONG = ("ValueError: User-specified max_model_len (1000000) is greater than the derived max_model_len "
+        "(max_position_embeddings=202752.0 or model_max_length=None in model's config.json). To allow "
+        "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution.")
+
+
+def test_a_context_above_the_checkpoints_maximum_needs_the_override(tmp_path):
+    site = {"PYTHONPATH": str(image_site(tmp_path, registers=EXL3))}
+    out = run_once(tmp_path, ["--max-model-len", "1000000"], site, config=GLM5)
+    assert out.returncode == 1 and LONG in out.stderr, out.stderr
+    ok = Standin(tmp_path, ["--max-model-len", "1000000"], {**site, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+                 config=GLM5)
+    ok.wait_healthy()
+    assert "WARNING" in ok.stderr and "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme" in ok.stderr
+    assert ok.stop() == 0
+
+
+def test_a_quantization_method_the_image_does_not_register(tmp_path):
+    out = run_once(tmp_path, [], config=GLM5)
+    assert out.returncode == 1, out.stderr
+    assert ("ValueError: Unknown quantization method: exl3. Must be one of ['awq', 'auto_awq', 'fp8', "
+            "'fbgemm_fp8', 'fp_quant', 'modelopt'" in out.stderr), out.stderr
+    assert "'nvfp4_per_token', 'mxfp8']." in out.stderr
+    assert run_once(tmp_path, ["--quantization", "fp8"], config=GLM5).stderr.count(
+        "does not match the quantization method specified in the `quantization` argument (fp8)") == 1
+    registered = Standin(tmp_path, [], {"PYTHONPATH": str(image_site(tmp_path, registers=EXL3))}, config=GLM5)
+    registered.wait_healthy()
+    assert registered.stop() == 0
+
+
+def test_a_quantization_config_json_beside_config_json_is_ignored(tmp_path):
+    """vLLM reads the method from config.json only: a quantization_config.json is not looked at, the
+    model is configured unquantized (the kit's check refuses it; the stand-in, as vLLM, does not)."""
+    cfg = {k: v for k, v in GLM5.items() if k != "quantization_config"}
+    server = Standin(tmp_path, [], config=cfg)
+    (server.model / "quantization_config.json").write_text('{"quant_method": "exl3"}')
+    server.wait_healthy()
+    assert server.stop() == 0
+
+
+def test_dcp_with_sparse_mla_on_a_gb10_needs_the_dcp_backend(tmp_path):
+    dcp = ["--decode-context-parallel-size", "4", "--kv-cache-dtype", "fp8"]
+    stock = {"PYTHONPATH": str(image_site(tmp_path, registers=EXL3))}
+    out = run_once(tmp_path, dcp, stock, config=GLM5)
+    assert out.returncode == 1, out.stderr
+    assert ("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=576, "
+            "dtype=torch.bfloat16, kv_cache_dtype=fp8, block_size=None, use_mla=True" in out.stderr), out.stderr
+    assert ("Reasons: {TRITON_MLA: [sparse not supported], FLASHINFER_MLA_SPARSE_SM120: [DCP not supported]}."
+            in out.stderr)
+    blackwell = Standin(tmp_path, dcp, {**stock, "SANDBOX_VLLM_COMPUTE_CAPABILITY": "10.0"}, config=GLM5)
+    blackwell.wait_healthy()  # compute capability 10.x has sparse-MLA backends with DCP
+    assert blackwell.stop() == 0
+    (tmp_path / "site2").mkdir()
+    with_dcp = {"PYTHONPATH": str(image_site(tmp_path / "site2", registers=EXL3 + ("attention:sparse-mla-dcp",)))}
+    server = Standin(tmp_path, dcp, with_dcp, config=GLM5)
+    server.wait_healthy()
+    assert server.stop() == 0
+
+
+def test_a_custom_attention_backend_must_be_registered(tmp_path):
+    custom = ["--attention-backend", "CUSTOM", "--block-size", "256"]
+    out = run_once(tmp_path, custom, {"PYTHONPATH": str(image_site(tmp_path, registers=EXL3))}, config=GLM5)
+    assert out.returncode == 1 and ("ValueError: Backend CUSTOM must be registered before use. Use "
+                                    "register_backend(Backend.CUSTOM, 'your.module.YourClass')") in out.stderr
+    (tmp_path / "p").mkdir()
+    plugin = {"PYTHONPATH": str(image_site(tmp_path / "p", registers=EXL3 + ("attention:CUSTOM",)))}
+    server = Standin(tmp_path, custom, plugin, config=GLM5)
+    server.wait_healthy()
+    assert server.stop() == 0
+
+
+def test_the_ray_executor_needs_ray_importable(tmp_path):
+    out = run_once(tmp_path, ["--distributed-executor-backend", "ray"])
+    assert out.returncode == 1 and ("ValueError: Failed to import Ray: No module named 'ray'.Please install "
+                                    "Ray with `pip install ray`.") in out.stderr, out.stderr
+
+
+ENGINE_CONFIG = ROOT / "launcher" / "onrank" / "engine_config.py"
+
+
+def ask_engine(tmp_path, argv, site: Path, config=None) -> subprocess.CompletedProcess:
+    """launcher/onrank/engine_config.py as check's engine row runs it in the image (python3 -), the
+    stand-in on the image's path."""
+    model = model_dir(tmp_path)
+    if config is not None:
+        (model / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "SANDBOX_VLLM_FLAGS": str(FLAGS),
+           "PYTHONPATH": os.pathsep.join([str(site), str(STANDIN.parent)])}
+    return subprocess.run([sys.executable, "-", json.dumps({"argv": [str(model), *argv]})],
+                          input=ENGINE_CONFIG.read_text(), env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_the_engine_row_asks_the_stand_in_without_starting_it(tmp_path):
+    site = image_site(tmp_path, registers=EXL3)
+    started = time.monotonic()
+    done = ask_engine(tmp_path, ["--max-model-len", "1000000"], site, GLM5)
+    assert time.monotonic() - started < 5
+    assert done.returncode == 0, done.stderr
+    status, _, message = done.stdout.strip().splitlines()[-1].partition(" ")[2].partition(" ")
+    assert status == "FAIL" and LONG in json.loads(message)
+    done = ask_engine(tmp_path, ["--max-model-len", "200000"], site, GLM5)
+    assert done.stdout.strip().splitlines()[-1].startswith("ENGINECONF OK "), done.stdout + done.stderr
+    assert "quantization=exl3" in done.stdout and not (tmp_path / "log" / "record.json").exists()
+    bad = ask_engine(tmp_path, ["--max-num-seqs", "eight"], site, GLM5)
+    assert bad.returncode == 2 and "invalid int value: 'eight'" in bad.stdout

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from . import load_progress, memguard, prep, serve
 from .cluster_lock import ensure_held
-from ..check.report import evaluate, refuse
+from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
 from ..gather import cluster, here, ranks
 from ..images import build, local_docker, ship
@@ -106,6 +106,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         engine = loaded.engine
         for need in engine.image_needs(len(the_plan.ranks)):
             serve.require_image(group.connections[0], the_plan.image, need)
+        _engine_takes_the_argv(loaded, group, the_plan, report, say)
         say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks"
             + (f" ({engine.shown_as})" if engine.shown_as else ""))
         report.starting = True
@@ -116,6 +117,24 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("the API answers")
     report.seconds = time.monotonic() - started
     return report
+
+
+def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan, report: UpReport, say) -> None:
+    """check's engine config row, asked now that the image is on rank 0: the image's own engine
+    configures the planned argv (seconds, no weights); its refusal stops `up` before anything starts."""
+    from ..check.preflight import ask_rank0
+    from ..check.rows.engine_config import fix_for
+
+    answer = ask_rank0(group, the_plan)
+    if answer.ok is None:
+        say(f"the image's engine was not asked: {answer.error}")
+        return
+    if not answer.ok:
+        raise CheckFailed(f"check failed; nothing was started:\nrank 0 ({group.connections[0].target.name}) "
+                          f"engine config: the image's engine refuses the planned argv: {answer.message} "
+                          f"-- fix: {fix_for(answer.message)}")
+    say(f"the image's engine takes the planned argv ({answer.seconds:.1f} s)")
+    report.steps.append("the image's engine took the planned argv")
 
 
 def preflight(loaded: Loaded, group: Group, image: str | None = None) -> planning.Plan:

@@ -37,6 +37,43 @@ def add_hashes(report: Report, inp: Gathered, group) -> None:
             rr.add(f.name, f.status, f.value, f.fix)
 
 
+def plan_or_none(inp: Gathered):
+    """The plan made from `inp`, or None when it refuses (the rows say why)."""
+    from ..errors import SparkstackError
+    from ..plan import cluster_plan as planning
+
+    if inp.model is None:
+        return None
+    try:
+        return planning.build(inp.loaded, inp)
+    except SparkstackError:
+        return None
+
+
+def ask_engine(inp: Gathered, group, the_plan) -> None:
+    """The engine config row's question (launcher/gather/engine_config.py): rank 0's planned argv
+    to the serving image's own engine, when there is a plan and rank 0 has the image; the answer
+    (or why it was not asked) goes into `inp`."""
+    if the_plan is None:
+        inp.engine_unasked = "the plan refuses or cannot be made (see the rows above and `sparkstack plan`)"
+        return
+    f0 = inp.facts.get(0)
+    if f0 is None or f0.docker is None or f0.docker.image(the_plan.image) is None:
+        inp.engine_unasked = f"{the_plan.image} is not on rank 0 yet (sparkstack ship; `up` asks after shipping)"
+        return
+    inp.engine_answer = ask_rank0(group, the_plan)
+
+
+def ask_rank0(group, the_plan):
+    """Rank 0's planned argv to the serving image's engine (the image must be on rank 0)."""
+    from ..gather import engine_config
+    from ..plan.cluster_plan import env_file
+
+    conn = next(c for c in group.connections if c.target.rank == 0)
+    rank0 = the_plan.ranks[0]
+    return engine_config.ask(conn, rank0.docker_run, rank0.engine, env_file(rank0.env, "rank 0"))
+
+
 def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None,
         bandwidth: bool = False, deep: bool = False) -> Report:
     """The whole `check`: connect (one attempt each, the config's connect timeout), gather,
@@ -44,7 +81,9 @@ def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, sa
     started = time.monotonic()
     with probe.open_group(loaded, trust_new=trust_new, say=say) as group:
         inp = cluster.gather(loaded, group, image)
-        report = evaluate(inp)
+        the_plan = plan_or_none(inp)
+        ask_engine(inp, group, the_plan)
+        report = evaluate(inp, the_plan)
         if bandwidth:
             add_bandwidth(report, inp, group)
         if deep:

@@ -68,6 +68,61 @@ def _count(config: dict, key: str, least: int, source: str) -> int:
     return value
 
 
+# vLLM 0.33's keys for the model's own maximum length, the smallest found wins
+# (transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key)
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_target_positions", "max_sequence_length",
+                "max_seq_length", "seq_len")
+QUANT_FILE = "quantization_config.json"  # a file vLLM 0.33 never reads (config.json's key is what counts)
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What vLLM's engine configuration reads from config.json before loading a byte: the
+    model's own maximum length (and its key) and the quantization method (and which file says
+    it). `ignored_quant` is a method written only in a quantization_config.json beside
+    config.json: vLLM does not read that file and configures the model unquantized."""
+
+    max_len: int | None
+    max_len_key: str | None
+    quant_method: str | None
+    quant_source: str | None = None  # "config.json" or None
+    ignored_quant: str | None = None
+    sparse: bool = False  # a DSA indexer (index_topk): sparse MLA
+    architectures: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: dict, beside: dict | None = None) -> "ModelLimits":
+        text = config.get("text_config", config) if isinstance(config, dict) else {}
+        text = text if isinstance(text, dict) else {}
+        max_len, key = None, None
+        for k in MAX_LEN_KEYS:
+            v = text.get(k)
+            if type(v) is int and (max_len is None or v < max_len):
+                max_len, key = v, k
+        if type(text.get("model_max_length")) is int:
+            max_len, key = text["model_max_length"], "model_max_length"
+        quant = config.get("quantization_config") if isinstance(config, dict) else None
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        method = method if isinstance(method, str) and method else None
+        other = beside.get("quant_method") if isinstance(beside, dict) else None
+        ignored = other if isinstance(other, str) and other and method is None else None
+        archs = config.get("architectures") if isinstance(config, dict) else None
+        archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
+        return cls(max_len, key, method, "config.json" if method else None, ignored,
+                   "index_topk" in text, archs)
+
+
+def read_limits(model_dir: Path) -> ModelLimits:
+    config = _read_json(model_dir / "config.json")
+    beside = model_dir / QUANT_FILE
+    try:
+        other = json.loads(beside.read_text()) if beside.is_file() else None
+    except (OSError, ValueError):
+        other = None
+    return ModelLimits.from_config(config if isinstance(config, dict) else {}, other)
+
+
 @dataclass(frozen=True)
 class WeightSplit:
     """Bytes of weights on the fullest rank: the base model and the MTP block apart."""

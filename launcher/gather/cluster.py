@@ -66,4 +66,4 @@ def this_host(loaded: Loaded, image: str | None = None) -> Gathered:
             image_error = "; ".join(assumed)
     local_id = image_build.local_base_id(image) if image_error is None else None
     return Gathered(loaded, {}, model, image, apikey.resolve(loaded), tuple(assumed), model_error,
-                    image_error, local_id)
+                    image_error, local_id, image_caps=here.image_caps(loaded))

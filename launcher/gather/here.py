@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..facts.checkpoint import CheckpointError, read_shape, split_weights
+from ..errors import ConfigError
+from ..facts.checkpoint import CheckpointError, ModelLimits, read_limits, read_shape, split_weights
+from ..images import chain as image_chain
+from ..inputs.capabilities import ImageCaps
 from ..facts.record import Facts
 from ..images import build as image_build
 from ..inputs import apikey
@@ -31,12 +34,37 @@ def read_model(loaded: Loaded) -> ModelFacts:
     try:
         shape = read_shape(model_dir)
     except CheckpointError as e:
-        return ModelFacts(profile.shape(), None, (f"model shape: profile {profile.name}'s figures ({e})",))
+        limits, said = profile_limits(loaded, str(e))
+        return ModelFacts(profile.shape(), None, (f"model shape: profile {profile.name}'s figures ({e})", *said),
+                          limits)
+    limits = read_limits(model_dir)  # config.json parsed already: read_shape did
     tp, pp = parallelism(loaded)
     try:
-        return ModelFacts(shape, split_weights(model_dir, shape, tp, pp))
+        return ModelFacts(shape, split_weights(model_dir, shape, tp, pp), limits=limits)
     except CheckpointError as e:
-        return ModelFacts(shape, None, (f"weights per rank: profile {profile.name}'s figures ({e})",))
+        return ModelFacts(shape, None, (f"weights per rank: profile {profile.name}'s figures ({e})",), limits)
+
+
+def profile_limits(loaded: Loaded, why: str) -> tuple[ModelLimits | None, tuple[str, ...]]:
+    """The model's limits from the profile's seed figures, when config.json cannot be read."""
+    d = loaded.profile.defaults
+    if d.max_position_embeddings is None and d.quant_method is None:
+        return None, ()
+    limits = ModelLimits(d.max_position_embeddings, "max_position_embeddings" if d.max_position_embeddings else None,
+                         d.quant_method, "config.json" if d.quant_method else None,
+                         sparse=loaded.profile.defaults.model_shape.index_head_dim > 0,
+                         architectures=(d.architecture,) if d.architecture else ())
+    return limits, (f"model limits: profile {loaded.profile.name}'s figures (max_position_embeddings "
+                    f"{d.max_position_embeddings}, quant_method {d.quant_method}; {why})",)
+
+
+def image_caps(loaded: Loaded) -> ImageCaps | None:
+    """What the serving image brings, from the profile and the stages' metadata (None: the
+    chain does not load, which `build` and the image row say)."""
+    try:
+        return image_chain.image_caps(loaded)
+    except ConfigError:
+        return None
 
 
 def inputs(loaded: Loaded, facts: dict[int, Facts] | None = None,
@@ -47,7 +75,7 @@ def inputs(loaded: Loaded, facts: dict[int, Facts] | None = None,
     model = read_model(loaded)
     image, image_assumed = image_build.serving_image(loaded)
     ranks = {r: RankFacts(r, loaded.cluster.ranks[r].label, f, None, 0.0) for r, f in (facts or {}).items()}
-    return Gathered(loaded, ranks, model, image, key, tuple(image_assumed))
+    return Gathered(loaded, ranks, model, image, key, tuple(image_assumed), image_caps=image_caps(loaded))
 
 
 def addresses() -> set[str]:

@@ -7,12 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..facts.checkpoint import ModelShape, WeightSplit
+from ..facts.checkpoint import ModelLimits, ModelShape, WeightSplit
 from ..facts.record import Facts
 from ..inputs import apikey, vllm_flags
+from ..inputs.capabilities import ImageCaps
 from ..inputs.config import Loaded
 
 if TYPE_CHECKING:  # the types only: the plan imports this module and stays away from SSH
+    from .engine_config import EngineAnswer
     from .extras import Extras, PingTarget
     from .probe import RankFacts
 
@@ -24,6 +26,7 @@ class ModelFacts:
     shape: ModelShape
     weights: WeightSplit | None  # None: the profile's per-rank figure is used
     assumed: tuple[str, ...] = ()  # what could not be read and was taken from the profile
+    limits: ModelLimits | None = None  # config.json's max length and quantization (None: profile's figures)
 
 
 @dataclass
@@ -44,6 +47,9 @@ class Gathered:
     local_image_id: str | None = None  # its ID on the build host, when Docker there has it
     targets: dict[int, list[PingTarget]] = field(default_factory=dict)  # whom each rank pinged
     extras: dict[int, Extras] = field(default_factory=dict)  # the pings' answers, dockerd's caps
+    image_caps: ImageCaps | None = None  # what the serving image brings (None: not read)
+    engine_answer: EngineAnswer | None = None  # the image's engine on the planned argv (engine_config.py)
+    engine_unasked: str | None = None  # why it was not asked
     staged: dict[int, dict | str] = field(default_factory=dict)  # model.local_path vs model.path listings
 
     @property

@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
-from pydantic import field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, field_validator
 
 from .. import resources
 from ..errors import ConfigError, load_yaml_model
+from ..inputs import capabilities
 from ..inputs.profile import Strict
 
 IMAGES_DIR = resources.IMAGES_DIR
@@ -76,6 +79,9 @@ class StageSpec(Strict):
     parent: str                # `base` or another stage's name
     files: list[FileSpec] = []
     args: dict[str, str] = {}  # build args (ARG in the Dockerfile), part of the tag
+    # what the stage's files register with vLLM (launcher/inputs/capabilities.py); not part of
+    # the tag: it changes nothing that is built
+    brings: list[Annotated[str, AfterValidator(capabilities.check_name)]] = []
 
 
 @dataclass(frozen=True)
@@ -465,3 +471,21 @@ def _write_contexts(chain: Chain, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "TAGS").write_text("".join(f"{s.name} {s.tag}\n" for s in chain.stages))
     return written
+
+
+def image_caps(loaded) -> capabilities.ImageCaps:
+    """What the profile's serving image brings (its `image.brings`, then each chain stage's
+    `brings`) and what every stage under images/ would: read from the stages' metadata, for the
+    plan to judge (ConfigError: a stage that does not load)."""
+    spec = loaded.profile.image
+    source = f"prebuilt image {spec.prebuilt}" if spec.prebuilt else f"base image {spec.base}"
+    brings = [(source, tuple(spec.brings or ()))]
+    brings += [(s.name, tuple(s.spec.brings)) for s in load_stages(list(spec.chain))]
+    catalog = []
+    for name, folder in _defined(IMAGES_DIR).items():
+        try:
+            stage_spec = load_yaml_model(folder / "stage.yaml", StageSpec, "stage")
+        except ConfigError:
+            continue
+        catalog.append((name, tuple(stage_spec.brings)))
+    return capabilities.ImageCaps(tuple(brings), tuple(catalog), spec.brings is not None)

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, model_validator
 from pydantic_core import PydanticCustomError
 
-from . import vllm_flags
+from . import capabilities, vllm_flags
 from .. import engines, resources
 from ..errors import ConfigError, load_yaml_model
 from ..facts.checkpoint import ModelShape
@@ -58,10 +58,17 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Capability = Annotated[str, AfterValidator(capabilities.check_name)]
+
+
 class ImageSpec(Strict):
     chain: list[str] = []
     base: str | None = None
     prebuilt: str | None = None
+    # what the base (or the prebuilt image) registers beyond stock vLLM 0.33; each chain stage
+    # says its own in images/<stage>/stage.yaml `brings` (launcher/inputs/capabilities.py).
+    # Absent: not declared, so `plan` cannot judge the image (check's engine row still asks it)
+    brings: list[Capability] | None = None
 
     @model_validator(mode="after")
     def _one_kind(self):
@@ -104,6 +111,19 @@ class Defaults(Strict):
     model_shape: ShapeDefaults
     weights_per_rank_gib: Annotated[Gib, Field(gt=0)]
     mtp_weights_per_rank_gib: Gib = 0.0
+    # config.json's figures vLLM's engine configuration reads (max_position_embeddings and
+    # quantization_config.quant_method), for a plan made without the checkpoint
+    max_position_embeddings: PositiveInt | None = None
+    quant_method: str | None = None
+    architecture: str | None = None  # config.json's architectures[0]
+
+
+class LongContext(Strict):
+    """A --max-model-len above the checkpoint's own maximum (config.json max_position_embeddings),
+    wanted on purpose: the plan sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 and says why. `evidence`:
+    what shows the model answers at that length (seed 000: a needle found at 979K tokens)."""
+
+    evidence: str = Field(min_length=1)
 
 
 class BenchDefaults(Strict):
@@ -130,6 +150,8 @@ class Profile(Strict):
     kv: KvRule
     defaults: Defaults
     bench: BenchDefaults = BenchDefaults()
+    needs: list[Capability] = []  # what the flags need the serving image to register
+    long_context: LongContext | None = None
 
     def flags(self) -> list[vllm_flags.Flag]:
         return vllm_flags.parse(vllm_flags.split_lines(self.args), frozenset(self.plugin_flags),

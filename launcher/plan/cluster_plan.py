@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from . import caches, kv
+from . import caches, engine_conf, kv
 from .. import engines, redact
 from ..errors import ConfigError, PlanRefused, SparkstackError
 from ..facts import fabric, load_path
@@ -138,6 +138,8 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
                           "rank (sparkstack prep) or lower overrides.runtime_overhead_gib")
     free_floor = int(cluster.overrides.free_floor_gib * kv.GIB)
     _refuse_below_floor(loaded, sizing, memory, free_floor)
+    long_env, long_notes = engine_conf.long_context(loaded, model.limits)  # PlanRefused: not wanted
+    engine_conf.refuse_missing(loaded, model.limits, inputs.image_caps)
     image = inputs.image
     assumed += inputs.image_assumed
     fabric_env = fabric_envs(loaded, facts, assumed)  # NCCL's pins, whatever the engine
@@ -147,9 +149,12 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
                   guard.utilization if guard and guard.source == vllm_flags.PLAN else None)
     master = rendezvous(loaded, fabric_env)
     ranks = [_rank_plan(loaded, r, image, sized, fabric_env.get(r, {}), master,
-                        key.value, _prebuilt_id(loaded, image, facts.get(r)))
+                        key.value, _prebuilt_id(loaded, image, facts.get(r)), long_env)
              for r in range(len(cluster.ranks))]
-    notes = loaded.engine.notes(master, len(cluster.ranks))
+    notes = (loaded.engine.notes(master, len(cluster.ranks)) + long_notes
+             + engine_conf.quant_notes(model.limits)
+             + engine_conf.undeclared_notes(loaded, model.limits, inputs.image_caps)
+             + engine_conf.no_effect_notes(loaded, model.limits, ranks[0].env if ranks else {}))
     nfs = cluster.model.nfs.server if cluster.model.nfs else None
     load = load_path.for_ranks(facts, nfs)
     return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,
@@ -360,8 +365,9 @@ def _prebuilt_id(loaded: Loaded, image: str, f: Facts | None) -> str | None:
 
 def _rank_plan(loaded: Loaded, r: int, image: str, sized: Sized,
                fabric_env: dict[str, str], master: str, api_key: str | None,
-               image_id: str | None = None) -> RankPlan:
-    env = {**caches.env(loaded.cluster), **rank_env(loaded, r, fabric_env, api_key)}  # the config's env wins
+               image_id: str | None = None, engine_env: dict[str, str] | None = None) -> RankPlan:
+    # the engine configuration's override (engine_conf.long_context) first: the config's env wins
+    env = {**(engine_env or {}), **caches.env(loaded.cluster), **rank_env(loaded, r, fabric_env, api_key)}
     return RankPlan(r, loaded.cluster.ranks[r].address, env, _docker_run(loaded, r, image, image_id),
                     _engine_argv(loaded, r, sized, _host_ip(loaded, r, fabric_env), master))
 

@@ -330,10 +330,19 @@ def _rank_files() -> tuple[dict, dict]:
 STANDIN_PACKAGE = {
     "vllm/__init__.py": b"# STAND-IN vllm package (sparkstack sandbox): layout only\n",
     "vllm/v1/attention/backends/mla/flashmla_sparse.py": b"# stock (stand-in)\n",
-    "vllm/model_executor/layers/quantization/exl3.py": b"# stock EXL3 overlay (stand-in)\n",
+    # The stand-in base is the sandbox's whole serving image too (tests serve it as a prebuilt
+    # image with the sandbox profile): it registers what that profile needs, as the chain's
+    # patches do again (standins/standin_engine_config.py reads SANDBOX_REGISTERS). A test that
+    # needs an image without one empties the file (tests/test_sandbox_engine_config.py).
+    "vllm/model_executor/layers/quantization/exl3.py": (b"# stock EXL3 overlay (stand-in)\n"
+                                                        b"SANDBOX_REGISTERS = ['quantization:exl3']\n"),
+    "vllm/v1/attention/backends/mla/sm120_dcp.py": (b"# the DCP sparse-MLA backend (stand-in)\n"
+                                                    b"SANDBOX_REGISTERS = ['attention:sparse-mla-dcp']\n"),
     "vllm/model_executor/layers/sparse_attn_indexer.py": b"# stock indexer (stand-in)\n",
     "vllm/model_executor/models/deepseek_v2.py": b"# stock DeepseekV2Model (stand-in)\n",
     "exllamav3_ext.cpython-311-x86_64-linux-gnu.so": b"\x7fELF exllamav3 0.0.43 (stand-in)\n",
+    # `import ray` works, as in an image with Ray installed (vLLM's Ray executor imports it)
+    "ray/__init__.py": b"# STAND-IN ray package (sparkstack sandbox): importable only; `ray` is standin_ray.py\n",
 }
 
 
@@ -347,7 +356,7 @@ TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbo
 # the memory it loads through standin_mem, and parses its values with the kit's vllm_options
 # (value_parsers_file), copied beside them.
 STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py",
-                   "standin_mem.py")
+                   "standin_mem.py", "standin_engine_config.py")
 # A stand-in installed under the real program's module path instead of its own name.
 INSTALLED_AS = {"standin_tensorfold.py": "tensorfold/cli.py"}
 

@@ -171,6 +171,13 @@ PATCHES = {
     "ablit_runtime.py": "the optional o_proj transplant hook (keys3)",
     "patch_ablit_dsv2.py": "the build-time patch of deepseek_v2.py (keys3)",
 }
+# What a patch registers with vLLM when imported (the stand-in vLLM reads it:
+# standins/standin_engine_config.py), as the real overlays do; images/<stage>/stage.yaml `brings`
+# says the same of the stage that installs it.
+REGISTERS = {
+    "exl3.py": ["quantization:exl3"],
+    "sm120_dcp.py": ["attention:sparse-mla-dcp"],
+}
 # exllamav3 1.4.5's compiled extension (v145): the stage checks for an ELF header.
 EXTENSION = ("exllamav3_ext.so", b"\x7fELF sparkstack sandbox stand-in: exllamav3 1.4.5 extension\n")
 
@@ -183,6 +190,7 @@ def write_patches(path: Path) -> list[str]:
                           f"# sparkstack sandbox stand-in patch: {name}\n"
                           f"# The real file comes from the serving repository's checkout; this one\n"
                           f"# only stands for: {what}.\n"
-                          f"SANDBOX_PATCH = {name.removesuffix('.py')!r}\n")
+                          f"SANDBOX_PATCH = {name.removesuffix('.py')!r}\n"
+                          + (f"SANDBOX_REGISTERS = {REGISTERS[name]!r}\n" if name in REGISTERS else ""))
     _write_if_changed(path / EXTENSION[0], EXTENSION[1])
     return sorted([*PATCHES, EXTENSION[0]])

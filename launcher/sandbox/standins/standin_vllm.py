@@ -18,6 +18,14 @@ What it mimics, for what the kit touches:
 - it starts like vLLM 0.33, refusing what vLLM refuses, with vLLM's message:
   * the model: `<model>/config.json` must be there and parse, with weights beside it
     (`*.safetensors` or their index) -- a checkpoint that is not mounted fails;
+  * vLLM's engine configuration (standin_engine_config.py, beside this file; messages from vLLM
+    0.33.0's source): a --max-model-len above config.json's max_position_embeddings without
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, a quant_method neither stock vLLM nor the image registers,
+    the Ray executor without an importable `ray`; after the memory guard, the attention backend:
+    sparse MLA with DCP on compute capability 12.x (SANDBOX_VLLM_COMPUTE_CAPABILITY, 12.1) or
+    --attention-backend CUSTOM without a registered backend. What the image registers: its
+    `vllm` package's files that say SANDBOX_REGISTERS (the chain stages' patches);
+    `validate(argv)` runs the same checks alone (check's engine row: launcher/onrank/engine_config.py);
   * multi-node (`--nnodes N --node-rank R --master-addr A [--master-port P] [--headless]`): the
     ranks meet at A:P and open the connections torch.distributed, NCCL and Gloo open, over the
     interfaces the environment selects (standin_dist.py, beside this file);
@@ -78,6 +86,8 @@ Environment knobs (all optional):
                                     TP x PP nodes at the (stand-in) Ray head (60), as vLLM waits
                                     for its placement group (RAY_ADDRESS, else 127.0.0.1:6379)
   VLLM_API_KEY                      API key when --api-key is not given (as vLLM does)
+  SANDBOX_VLLM_COMPUTE_CAPABILITY   the GPU's compute capability the attention backend is chosen
+                                    for (12.1, a GB10)
 
 Prompt tokens are counted deterministically as round(1.3 x whitespace-separated words) over all
 message texts (at least 1); each generated token is one word.
@@ -955,6 +965,45 @@ def wait_for_ray(options: dict) -> bool:
     return True
 
 
+def engine_config():
+    """The engine configuration's refusals (standin_engine_config.py, beside this file)."""
+    sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+    import standin_engine_config
+
+    return standin_engine_config
+
+
+def validate(argv: list[str]) -> tuple[int, list[str]]:
+    """What the kit's engine row asks the image (launcher/onrank/engine_config.py; on real vLLM:
+    its parser, then create_engine_config, then the attention backend's choice) for the tokens
+    after `vllm serve`: (0 and a summary | 1 and the error | 2 and the parser's error). The
+    stand-in's same checks, in the same order as a start, without the cluster, memory or load."""
+    import contextlib
+    import io
+
+    flags = os.environ.get("SANDBOX_VLLM_FLAGS", DEFAULT_FLAGS)
+    try:
+        table = vllm_options.read_table(flags)
+    except (OSError, ValueError) as e:
+        return 1, [f"vllm (sandbox stand-in): cannot read the option table {flags}: {e}"]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            model, options = parse_serve(argv, table)
+    except SystemExit as e:
+        return int(e.code or 2), err.getvalue().strip().splitlines()[-1:] or ["argument error"]
+    conf = engine_config()
+    problem = read_model(model) or conf.engine_config(model, options) or conf.attention(model, options)
+    if problem:
+        return 1, [problem]
+    cfg = conf.read_config(model)
+    derived, key = conf.derived_max_len(cfg)
+    quant = (cfg.get("quantization_config") or {}).get("quant_method") if isinstance(
+        cfg.get("quantization_config"), dict) else None
+    return 0, [f"max_model_len={options.get('max_model_len', derived)} ({key}={derived}) "
+               f"quantization={options.get('quantization') or quant} (SANDBOX STAND-IN's checks)"]
+
+
 def main(argv: list[str]) -> int:
     version = os.environ.get("SANDBOX_VLLM_VERSION", "0.33.0")
     if argv[:1] in (["--version"], ["-v"]):
@@ -988,13 +1037,16 @@ def main(argv: list[str]) -> int:
     if fail.startswith("exit:"):
         log(f"EngineCore failed to start (simulated by SANDBOX_VLLM_FAIL={fail})", "ERROR")
         return int(fail[5:])
-    problem = read_model(model) or nofile_guard()
+    problem = read_model(model) or engine_config().engine_config(model, options) or nofile_guard()
     if problem:
         log(problem, "ERROR")
         return 1
+    long_len = engine_config().warn_max_len(engine_config().read_config(model), options)
+    if long_len:
+        log(long_len, "WARNING")
     if options.get("distributed_executor_backend") == "ray" and not wait_for_ray(options):
         return 1
-    problem = join_cluster(options) or memory_guard(options)
+    problem = join_cluster(options) or memory_guard(options) or engine_config().attention(model, options)
     if problem:
         log(problem, "ERROR")
         return 1
