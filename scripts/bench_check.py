@@ -5,7 +5,7 @@ on the same ranks, and the 16-rank scaling -- measured with the sandbox up
 
     .venv/bin/python scripts/bench_check.py [--runs 5] [--config PATH]
 
-- check, in-process: `launcher.check.preflight.run` (connect, probe, pings, judge), wall time per run.
+- check, in-process: `launcher.apply.preflight.run` (connect, probe, pings, judge), wall time per run.
 - check, CLI: `sparkstack check --json` as a fresh process (adds Python's start and imports).
 - ansible: `ansible all -m setup` with an inventory from `launcher.plan.inventory` (fact gathering,
   the comparable job), as a fresh process.
@@ -30,7 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launcher.check import preflight as check  # noqa: E402
+from launcher.apply import preflight as check  # noqa: E402
 from launcher.inputs import config  # noqa: E402
 from launcher.plan import inventory  # noqa: E402
 from launcher.sandbox import cluster as sandbox_cluster  # noqa: E402

@@ -25,7 +25,8 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import sandbox_rank_facts
-from launcher.check import bandwidth, preflight, report as check
+from launcher.apply import bandwidth as running, preflight
+from launcher.check import bandwidth, report as check
 from planned import build_plan
 from launcher.inputs import config
 from launcher.facts.docker import Docker, Image
@@ -378,11 +379,11 @@ class FakeConn:
 
 
 def test_measure_stops_the_waiting_ranks(monkeypatch):
-    monkeypatch.setattr(bandwidth, "STOP_GRACE_S", 0.2)
+    monkeypatch.setattr(running, "STOP_GRACE_S", 0.2)
     conns = [FakeConn(0, None), FakeConn(1, None), FakeConn(2, NO_TORCH + "\n"), FakeConn(3, None)]
     jobs = {r: bandwidth.Job(r, f"job {r}", b"", {}, 60) for r in range(4)}
     started = time.monotonic()
-    outcomes = bandwidth.measure(SimpleNamespace(connections=conns), jobs)
+    outcomes = running.measure(SimpleNamespace(connections=conns), jobs)
     assert time.monotonic() - started < 5
     assert [outcomes[r].kind for r in range(4)] == ["waiting", "waiting", "no_torch", "waiting"]
     stop = bandwidth.stop_command()

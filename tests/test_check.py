@@ -27,7 +27,8 @@ import yaml
 from click.testing import CliRunner
 
 from local_probe import coverage_env, local_command, run_probe, sandbox_rank_facts
-from launcher.check import preflight, report as check
+from launcher.apply import preflight
+from launcher.check import report as check
 from launcher.check.rows import drift
 from planned import build_plan
 from launcher.sandbox import fabric_fixture as sfabric

@@ -21,7 +21,8 @@ from click.testing import CliRunner
 
 from local_probe import sandbox_rank_raw
 from test_check import fabric_facts, inputs, row, sandbox_cluster, sandbox_config, with_container  # noqa: F401
-from launcher.check import preflight, report as check
+from launcher.apply import preflight
+from launcher.check import report as check
 from launcher.status import Finding
 from launcher.facts import record as facts
 from launcher.cli.commands import main

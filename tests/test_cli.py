@@ -11,7 +11,8 @@ import sys
 import click
 from click.testing import CliRunner
 
-from launcher.check import preflight, report as check
+from launcher.apply import preflight
+from launcher.check import report as check
 from launcher.check.rows.case import RankReport
 from launcher.status import Finding
 from launcher.cli import commands

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from launcher.apply import fetch as fetch_mod
-from launcher.check import hashes
+from launcher.check import hashes as judged
+from launcher.gather import hashes
 from launcher.facts.checkpoint_dir import parse_checkpoint
 from launcher.onrank import probe as onrank_probe
 from launcher.plan import fetching
@@ -246,9 +247,10 @@ def test_check_deep_names_the_hubs_digest_and_the_fetch_that_repairs(tmp_path, m
     sha = {n: sha256(source / n) for n in hashes.files(SimpleNamespace(checkpoint=found))}
     hashes.write(found.fingerprint, str(source), sha, {"repo": REPO, "commit": "c" * 40})
     bad = dict(sha, **{model_fixture.shard_name(0): "0" * 64})
-    finding = hashes._judge(0, SimpleNamespace(checkpoint=found), bad, "", "/models/glm", {})
+    kept = hashes.load(found.fingerprint), hashes.source(found.fingerprint)
+    finding = judged._judge(0, SimpleNamespace(checkpoint=found), bad, "", "/models/glm", {}, False, *kept)
     assert "the Hub's digest" in finding.value and f"sparkstack fetch {REPO}" in finding.fix
-    good = hashes._judge(0, SimpleNamespace(checkpoint=found), sha, "", "/models/glm", {})
+    good = judged._judge(0, SimpleNamespace(checkpoint=found), sha, "", "/models/glm", {}, False, *kept)
     assert good.status == "pass"
     assert "files match the manifest (the Hub's digests: " + REPO in good.value
 

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.check import hashes
+from launcher.apply.preflight import verify
+from launcher.gather import hashes
 from launcher.facts.checkpoint_dir import Checkpoint
 from launcher.status import Status
 from launcher.transport.remote import Group, Result, Target
@@ -63,7 +64,7 @@ def test_manifest_is_shared_out_then_every_rank_matches(ranks):
     assert path.name.startswith("f" * 24) and path.is_file()
     hashed = [c.split("sha256sum -- ")[1] for r in ranks for c in r.commands]
     assert len(hashed) == 4 and sorted(" ".join(hashed).split()) == sorted(sha)  # each file once
-    found = hashes.verify(LOADED, Group(ranks), facts_of(ranks))
+    found = verify(LOADED, Group(ranks), facts_of(ranks))
     assert {f.status for f in found.values()} == {Status.PASS}
     assert found[0].value == "5 files match the manifest"
 
@@ -73,7 +74,7 @@ def test_a_corrupt_shard_is_named_with_its_rank(ranks):
     bad = ranks[2].root / "model-00003-of-00004.safetensors"
     bad.write_bytes(b"\0" + bad.read_bytes()[1:])  # same size: the fingerprint cannot see it
     (ranks[1].root / "model-00004-of-00004.safetensors").unlink()
-    found = hashes.verify(LOADED, Group(ranks), facts_of(ranks))
+    found = verify(LOADED, Group(ranks), facts_of(ranks))
     assert found[0].status == found[3].status == Status.PASS
     assert found[2].status == Status.FAIL
     assert found[2].value.startswith("rank 2: model-00003-of-00004.safetensors differs from the manifest (sha256 ")
@@ -85,7 +86,7 @@ def test_a_corrupt_shard_is_named_with_its_rank(ranks):
 def test_without_a_manifest_the_odd_rank_out_is_named(ranks):
     bad = ranks[3].root / "model-00001-of-00004.safetensors"
     bad.write_bytes(b"x" * len(SHARDS[bad.name]))
-    found = hashes.verify(LOADED, Group(ranks), facts_of(ranks))
+    found = verify(LOADED, Group(ranks), facts_of(ranks))
     assert found[3].status == Status.FAIL and "differs from the other ranks" in found[3].value
     assert found[0].status == Status.WARN and "sparkstack manifest" in found[0].fix
 

@@ -333,7 +333,7 @@ def test_gpu_clock_on_ranks_without_a_driver_fails_each_rank_with_the_cause(sand
     """gpu_clock asked of the sandbox's ranks, which have no NVIDIA driver: `prep` fails every
     rank naming the cause (nvidia-smi not there), changes nothing else, and `check`'s gpu clock
     row fails: the lock is not applied."""
-    from launcher.check import preflight
+    from launcher.apply import preflight
 
     doc = yaml.safe_load(Path(sandbox.config).read_text())
     doc["gpu_clock"] = {"lock_mhz": 2000}

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from launcher.apply import deploy, serve
-from launcher.check import preflight
+from launcher.apply import preflight
 from launcher.check.report import CheckFailed
 from launcher.errors import PlanRefused
 from launcher.inputs import vllm_flags

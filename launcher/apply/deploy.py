@@ -122,7 +122,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
 def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan, report: UpReport, say) -> None:
     """check's engine config row, asked now that the image is on rank 0: the image's own engine
     configures the planned argv (seconds, no weights); its refusal stops `up` before anything starts."""
-    from ..check.preflight import ask_rank0
+    from .preflight import ask_rank0
     from ..check.rows.engine_config import fix_for
 
     answer = ask_rank0(group, the_plan)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
-from ..check import hashes
+from ..gather import hashes
 from ..errors import SparkstackError
 from ..facts.checkpoint_dir import parse_checkpoint
 from ..onrank import probe as onrank_probe

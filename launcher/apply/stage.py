@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ipaddress import ip_address, ip_interface
 
 from .. import onrank
-from ..check import hashes
+from ..gather import hashes
 from ..facts import load_path
 from ..images.ship import PROGRESS_S, Progress
 from ..inputs.config import Loaded

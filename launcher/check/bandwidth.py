@@ -12,9 +12,9 @@ rank 0's fabric IP on a switch, its management address in a ring). The environme
 stdin as the serving container's does (plan.env_file): overrides.env may hold a token, and a
 command line is visible to every user of the rank (`ps`).
 
-Pure: the command lines (`commands`), reading the script's output (`outcome`) and the judgement
-(`judge`). `measure` runs them on an open remote.Group and `check` is what `sparkstack check
---bandwidth` calls. A rank that cannot take part (no torch in the image -- the sandbox's
+Pure, all of it: the command lines (`commands`), reading the script's output (`outcome`) and the
+judgement (`judge`); launcher/apply/bandwidth.py runs them on an open remote.Group (`measure`) and
+its `check` is what `sparkstack check --bandwidth` calls. A rank that cannot take part (no torch in the image -- the sandbox's
 stand-in --, no python3, the image missing, a rank unreachable) makes the row a WARN "not
 measured: <why>" with the fix; a failure of the measurement itself (no CUDA, NCCL init,
 rendezvous, a wrong sum, a timeout) is a FAIL.
@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import onrank
 from ..facts.record import Facts
@@ -54,7 +53,6 @@ SCRIPT = onrank.path("nccl_allreduce")
 SCRIPT_ARGS = {"device": DEVICE, "bytes": 256 << 20, "dtype": "bfloat16", "warmup": 5, "iters": 20,
                "timeout_s": 60, "deadline_s": 180}
 START_MARGIN_S = 120  # beyond the script's deadline: the image starting (a cold 20 GB image)
-STOP_GRACE_S = 3.0  # see measure
 JOB_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 
 NO_TORCH_FIX = ("measure in the serving image with vLLM (it ships torch and NCCL): sparkstack build && "
@@ -277,66 +275,5 @@ def preconditions(loaded: Loaded, image: str | None, facts: dict[int, Facts],
     return None
 
 
-# --- running -----------------------------------------------------------------------------------
-
 def stop_command() -> str:
     return f"docker rm -f {CONTAINER} >/dev/null 2>&1; true"
-
-
-def measure(group, jobs: dict[int, Job]) -> dict[int, Outcome]:
-    """Every rank's job at once over the open Group (an all-reduce needs them all running). Once
-    a rank cannot take part, the others' containers are stopped (after STOP_GRACE_S, in which a
-    rank failing the same way reports it itself) so they do not wait out the rendezvous timeout;
-    a run cut off by the SSH timeout has its container removed."""
-    import threading
-    from concurrent.futures import TimeoutError as Pending
-
-    conns = {c.target.rank: c for c in group.connections if c.target.rank in jobs}
-    outcomes: dict[int, Outcome] = {}
-    stops: list[threading.Thread] = []
-
-    def stop_unless_done(r, future) -> None:
-        try:
-            future.result(timeout=STOP_GRACE_S)
-        except Pending:
-            conns[r].run(stop_command(), timeout=30)
-
-    with ThreadPoolExecutor(max_workers=max(1, len(conns))) as pool:
-        futures = {r: pool.submit(conns[r].run, jobs[r].command, stdin=jobs[r].stdin,
-                                  timeout=jobs[r].timeout) for r in conns}
-        for future in as_completed(futures.values()):
-            r = next(k for k, f in futures.items() if f is future)
-            res = future.result()
-            outcomes[r] = outcome(r, res.exit_status, res.stdout, res.stderr, res.error)
-            if outcomes[r].causes_others and not stops:
-                for other, f in futures.items():
-                    if other != r:
-                        t = threading.Thread(target=stop_unless_done, args=(other, f), daemon=True)
-                        t.start()
-                        stops.append(t)
-    for t in stops:
-        t.join(STOP_GRACE_S + 35)
-    if any(o.kind == "broken" for o in outcomes.values()):
-        for c in conns.values():
-            c.run(stop_command(), timeout=30)
-    return outcomes
-
-
-@dataclass
-class Measured:
-    findings: dict[int, Finding]
-    outcomes: dict[int, Outcome] = field(default_factory=dict)
-    jobs: dict[int, Job] = field(default_factory=dict)
-
-
-def check(loaded: Loaded, group, *, image: str | None, facts: dict[int, Facts],
-          image_error: str | None = None, port: int = PORT, args: dict | None = None) -> Measured:
-    """What `check --bandwidth` adds: one finding per answering rank."""
-    early = preconditions(loaded, image, facts, image_error)
-    if early is not None:
-        return Measured(early)
-    envs, notes = rank_envs(loaded, facts)
-    master = plan_mod.rendezvous(loaded, envs)
-    jobs = commands(loaded, image, envs, master=master, port=port, args=args)
-    outcomes = measure(group, jobs)
-    return Measured(judge(outcomes, image=image, master=master, port=port, notes=notes), outcomes, jobs)

@@ -5,7 +5,7 @@ value and, for every non-pass, the fix in one line.
 config, the peers' ping answers, this host's inputs), the report out; it is what the tests feed
 fixtures to. The rows are declared in launcher/check/rows/, one module per subject, and run in
 their declared order; the plan's own figures they judge (the memory need, vLLM's guard, the KV
-pool) come through `Case` (rows/case.py). `preflight.run` gathers and calls it.
+pool) come through `Case` (rows/case.py). `apply/preflight.run` gathers and calls it.
 
 Rows a healthy sandbox shows as non-pass, honestly (tests/test_check.py documents them):
 image (until the profile's chain is built and shipped), ulimits (warn: the host's hard limits

@@ -48,7 +48,7 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth, deep):
     Exit 0 when nothing fails, 1 otherwise. --json prints
     {"ok", "ranks": [{"rank", "host", "checks": [{"name", "status", "value", "fix"}]}]}.
     """
-    from ..check import preflight
+    from ..apply import preflight
 
     report = preflight.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth, deep=deep,  # say: a key it trusts
                             say=lambda line: err.print(line, markup=False, highlight=False))

@@ -167,7 +167,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, passwor
             default=True, err=True))):
         result["ship"] = _ship(output)
     if not (dry_run or no_check):
-        from ..check import preflight
+        from ..apply import preflight
         from ..inputs import config as config_mod
         from .check import print_check
 

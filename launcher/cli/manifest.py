@@ -16,7 +16,7 @@ def manifest(loaded, trust_new_hosts):
     """Hash every checkpoint file once (sha256), shared out over the ranks at once, and keep the
     manifest on this host ($XDG_STATE_HOME/sparkstack/manifests/, named after the checkpoint's
     fingerprint): `check --deep` then names any rank whose shard differs from it."""
-    from ..check import hashes
+    from ..gather import hashes
     from ..gather import probe
 
     with probe.open_group(loaded, trust_new=trust_new_hosts,

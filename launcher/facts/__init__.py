@@ -11,7 +11,8 @@
 - Derived from a rank's Facts: fabric (its NCCL/UCX/GLOO pins and RoCE v2 GID), cabling (init's
   cabling from neighbour MACs), load_path (where a rank reads the checkpoint from).
 - The checkpoint's shape and weight split from `config.json` and the safetensors headers
-  (checkpoint, safetensors_header); image references split into their parts (image_ref); the
+  (checkpoint, safetensors_header); which of its files a rank hashes, the command and its parser
+  (checkpoint_hashes); image references split into their parts (image_ref); the
   named facts `ship`, `build`, `serve` and `prep` read of a rank, each a shell command and its
   parser (remote).
 

@@ -6,7 +6,7 @@ real vLLM 0.33 with the image's plugins (`vllm serve`'s parser, then
 stand-in's same checks (standin_vllm.validate). Seconds, against the minutes of a real load.
 
 Asked after the plan is made (the argv is the plan's) and once the image is on rank 0: `check`
-asks it (check/preflight.py), `up` asks it after shipping and before starting anything
+asks it (apply/preflight.py), `up` asks it after shipping and before starting anything
 (apply/deploy.py); the `engine config` row judges the answer.
 """
 

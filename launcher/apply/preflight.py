@@ -1,21 +1,24 @@
-"""The whole `sparkstack check`: connect, gather (launcher/gather/), judge (report.evaluate), and
-on request the measurements that are rows of their own: the NCCL all-reduce (bandwidth) and the
-checkpoint's hashes (hashes), over the same open Group.
+"""The whole `sparkstack check`: connect, gather (launcher/gather/), plan, ask rank 0's serving
+image (the engine config row), judge (launcher/check/report.evaluate), and on request the
+measurements that are rows of their own: the NCCL all-reduce (launcher/apply/bandwidth.py, judged
+by launcher/check/bandwidth.py) and the checkpoint's hashes (read by launcher/gather/hashes.py,
+judged by launcher/check/hashes.py), over the same open Group. Here, not in check/, because it
+connects and runs on the ranks: check/ only judges.
 """
 
 from __future__ import annotations
 
 import time
 
+from ..check.report import Report, evaluate
 from ..gather import cluster, probe
 from ..gather.value import Gathered
 from ..inputs.config import Loaded
-from .report import Report, evaluate
 
 
 def add_bandwidth(report: Report, inp: Gathered, group) -> None:
     """`check --bandwidth`: one more row per rank that answered, an NCCL all-reduce across all
-    ranks in the serving image (launcher/check/bandwidth.py), over the same open Group."""
+    ranks in the serving image (launcher/apply/bandwidth.py), over the same open Group."""
     from . import bandwidth
 
     found = bandwidth.check(inp.loaded, group, image=inp.known_image, facts=inp.facts,
@@ -27,14 +30,21 @@ def add_bandwidth(report: Report, inp: Gathered, group) -> None:
 
 
 def add_hashes(report: Report, inp: Gathered, group) -> None:
-    """`check --deep`: every rank hashes its checkpoint files (launcher/check/hashes.py)."""
-    from . import hashes
-
-    found = hashes.verify(inp.loaded, group, inp.facts)
+    """`check --deep`: every rank hashes its checkpoint files (launcher/gather/hashes.py), judged
+    against the manifest (launcher/check/hashes.py)."""
+    found = verify(inp.loaded, group, inp.facts)
     for rr in report.ranks:
         if rr.rank in found:
             f = found[rr.rank]
             rr.add(f.name, f.status, f.value, f.fix)
+
+
+def verify(loaded: Loaded, group, facts) -> dict:
+    """Every rank's `check --deep` finding: read on the ranks, judged against the manifest."""
+    from ..check import hashes as judged
+    from ..gather import hashes
+
+    return judged.judge(hashes.read(loaded, group, facts), facts)
 
 
 def plan_or_none(inp: Gathered):
