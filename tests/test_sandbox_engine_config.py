@@ -16,25 +16,12 @@ from launcher.check.report import CheckFailed
 from launcher.errors import PlanRefused
 from launcher.inputs import vllm_flags
 from launcher.gather import cluster as gather_cluster
-from launcher.inputs import config
 from launcher.transport import api
-from launcher.transport.remote import Group
-from test_sandbox_refuses import start_expecting_failure, with_env
+from test_sandbox_refuses import loaded, ranks, start_expecting_failure, with_env  # noqa: F401 (module fixtures)
 
 LONG = ("ValueError: User-specified max_model_len (1000000) is greater than the derived max_model_len "
         "(max_position_embeddings=202752.0 or model_max_length=None in model's config.json). To allow "
         "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
-
-
-@pytest.fixture(scope="module")
-def loaded(sandbox):
-    return config.load(sandbox.config)
-
-
-@pytest.fixture(scope="module")
-def ranks(loaded, sandbox):
-    with Group.for_cluster(loaded.cluster) as g:
-        yield g
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import click
 
 from ..errors import SparkstackError
 from .console import err, out
-from .shared import json_option, with_cluster
+from .shared import json_option, show_or_refuse, with_cluster
 
 
 @click.command()
@@ -80,15 +80,7 @@ def fetch(loaded, repo, revision, to, include, workers, verify_all, dry_run, as_
         raise SparkstackError(f"{repo} at {revision}: no file matches {' '.join(include)}")
     plan = fetching.make_plan(listing, dest, fetch_mod.have(dest, listing, verify_all),
                               fetch_mod.free_bytes(dest), why)
-    refusals = plan.refusals()
-    if dry_run or refusals:
-        if as_json:
-            click.echo(json.dumps({"plan": plan.to_json()}, indent=2))
-        else:
-            for line in fetching.lines(plan):
-                out.print(line, markup=False, highlight=False)
-        if refusals:
-            raise SparkstackError("\n".join(refusals))
+    if show_or_refuse(plan, fetching.lines, as_json, dry_run):
         return
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     say(f"fetch: {repo} at {revision} (commit {listing.commit}) to {dest}: {fetching.gb(plan.to_move)} to move "

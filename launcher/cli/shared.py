@@ -5,6 +5,7 @@ friendly) and the per-rank table every rank-by-rank command prints."""
 from __future__ import annotations
 
 import functools
+import json
 
 import click
 
@@ -67,3 +68,21 @@ def print_errors(errors) -> None:
     for error in filter(None, errors):
         out.print("  [bold red]error:[/] ", end="")
         out.print(error, markup=False)
+
+
+def show_or_refuse(plan, lines, as_json: bool, dry_run: bool, refused: str = "") -> bool:
+    """A copy's plan (stage, fetch) with --dry-run or when it refuses: printed (its `lines`, or its
+    JSON), then its refusals raised after `refused`. True when the command is done here."""
+    from ..errors import SparkstackError
+
+    refusals = plan.refusals()
+    if not (dry_run or refusals):
+        return False
+    if as_json:
+        click.echo(json.dumps({"plan": plan.to_json()}, indent=2))
+    else:
+        for line in lines(plan):
+            out.print(line, markup=False, highlight=False)
+    if refusals:
+        raise SparkstackError(refused + "\n".join(refusals))
+    return True

@@ -7,8 +7,8 @@ import json
 import click
 
 from ..errors import SparkstackError
-from .console import err, out
-from .shared import json_option, lock_option, print_ranks, trust_option, with_cluster
+from .console import err
+from .shared import json_option, lock_option, print_ranks, show_or_refuse, trust_option, with_cluster
 
 
 @click.command()
@@ -59,15 +59,7 @@ def stage(loaded, as_json, dry_run, via, bwlimit, trust_new_hosts, wait_lock):
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     with probe.open_group(loaded, trust_new=trust_new_hosts, say=say) as group:
         plan = stage_mod.make_plan(loaded, group, via)
-        refusals = plan.refusals()
-        if dry_run or refusals:
-            if as_json:
-                click.echo(json.dumps({"plan": plan.to_json()}, indent=2))
-            else:
-                for line in staging.lines(plan):
-                    out.print(line, markup=False, highlight=False)
-            if refusals:
-                raise SparkstackError("nothing was copied:\n" + "\n".join(refusals))
+        if show_or_refuse(plan, staging.lines, as_json, dry_run, refused="nothing was copied:\n"):
             return
         with cluster_lock.held(loaded, group, wait_lock, say):
             results = stage_mod.apply(plan, group, say, int(bwlimit * 1e6) if bwlimit else 0)
