@@ -497,7 +497,7 @@ def test_another_user_on_rank_0_can_neither_read_nor_push_through_the_relay(sand
 
     try:
         with group_of(sandbox) as group, LocalRegistry() as registry:
-            plan = ship.make_plan(group, ship.local_image_ids([ref]))
+            plan = ranks.ship_plan(group, ship.local_image_ids([ref]))
             registry.push(ref)
             todo = [r for r in plan.ranks if r.status == "planned"]
             ship._apply_relayed(plan, {c.target.rank: c for c in group.connections}, registry, route, todo,

@@ -84,7 +84,17 @@ def test_no_usable_hca_with_nccl_net_ib_fails_loudly():
 
 
 def run_pair(env0: dict, env1: dict, timeout_s: float = 10) -> list[str | None]:
-    """Two ranks on loopback, each in a thread, with their own environment."""
+    """Two ranks on loopback, each in a thread, with their own environment. free_port's port can
+    be taken by another process before rank 0 listens on it (the test's race, not the stand-in's):
+    then the pair runs again on another port, three times at most."""
+    for _attempt in range(3):
+        out = _run_pair_once(env0, env1, timeout_s)
+        if not any(m and "failed to listen" in m and "Address already in use" in m for m in out):
+            return out
+    return out
+
+
+def _run_pair_once(env0: dict, env1: dict, timeout_s: float) -> list[str | None]:
     port = free_port()
     out: list[str | None] = [None, None]
 

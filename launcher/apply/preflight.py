@@ -71,6 +71,12 @@ def ask_engine(inp: Gathered, group, the_plan) -> None:
     if f0 is None or f0.docker is None or f0.docker.image(the_plan.image) is None:
         inp.engine_unasked = f"{the_plan.image} is not on rank 0 yet (sparkstack ship; `up` asks after shipping)"
         return
+    if f0.checkpoint is None or not f0.checkpoint.config_sha256:
+        # the question bind-mounts the checkpoint's directory: Docker would make a missing one, as
+        # root, where `stage` then cannot write
+        inp.engine_unasked = (f"the checkpoint is not in place on rank 0 ({inp.loaded.cluster.model.serving_path}): "
+                              "see the checkpoint row (and staged, with model.local_path)")
+        return
     inp.engine_answer = ask_rank0(group, the_plan)
 
 
