@@ -757,9 +757,13 @@ def test_dcp_with_sparse_mla_on_a_gb10_needs_the_dcp_backend(tmp_path):
     blackwell = Standin(tmp_path, dcp, {**stock, "SANDBOX_VLLM_COMPUTE_CAPABILITY": "10.0"}, config=GLM5)
     blackwell.wait_healthy()  # compute capability 10.x has sparse-MLA backends with DCP
     assert blackwell.stop() == 0
-    (tmp_path / "site2").mkdir()
-    with_dcp = {"PYTHONPATH": str(image_site(tmp_path / "site2", registers=EXL3 + ("attention:sparse-mla-dcp",)))}
-    server = Standin(tmp_path, dcp, with_dcp, config=GLM5)
+    serves_when_registered(tmp_path / "site2", dcp, EXL3 + ("attention:sparse-mla-dcp",))
+
+
+def serves_when_registered(site, argv, registers) -> None:
+    """The same argv starts and serves once an image's site-packages at `site` registers `registers`."""
+    site.mkdir()
+    server = Standin(site.parent, argv, {"PYTHONPATH": str(image_site(site, registers=registers))}, config=GLM5)
     server.wait_healthy()
     assert server.stop() == 0
 
@@ -769,11 +773,7 @@ def test_a_custom_attention_backend_must_be_registered(tmp_path):
     out = run_once(tmp_path, custom, {"PYTHONPATH": str(image_site(tmp_path, registers=EXL3))}, config=GLM5)
     assert out.returncode == 1 and ("ValueError: Backend CUSTOM must be registered before use. Use "
                                     "register_backend(Backend.CUSTOM, 'your.module.YourClass')") in out.stderr
-    (tmp_path / "p").mkdir()
-    plugin = {"PYTHONPATH": str(image_site(tmp_path / "p", registers=EXL3 + ("attention:CUSTOM",)))}
-    server = Standin(tmp_path, custom, plugin, config=GLM5)
-    server.wait_healthy()
-    assert server.stop() == 0
+    serves_when_registered(tmp_path / "p", custom, EXL3 + ("attention:CUSTOM",))
 
 
 def test_the_ray_executor_needs_ray_importable(tmp_path):
