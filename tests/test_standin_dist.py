@@ -5,7 +5,10 @@ connection reported on every rank with the pair named."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -79,7 +82,8 @@ def test_peers_ring_only_with_nccl_algo_ring():
 
 def test_no_usable_hca_with_nccl_net_ib_fails_loudly():
     me = {"rank": 0, "rdma": []}
-    assert "NET/IB : No device found" in dist.data_connections(me, {0: me, 1: me}, {"NCCL_NET": "IB"})[0]
+    assert dist.data_connections(me, {0: me, 1: me}, {"NCCL_NET": "IB"}) == \
+        ["NCCL WARN Failed to initialize any NET plugin"]
     assert dist.data_connections(me, {0: me, 1: me}, {}) == []  # NCCL falls back to sockets
 
 
@@ -133,3 +137,82 @@ def test_vllm_host_ip_not_on_the_rank_fails(tmp_path, monkeypatch):
     out = run_pair({**LOOPBACK, "VLLM_HOST_IP": "192.0.2.1"}, LOOPBACK)
     assert "rank 0: mq: cannot bind 192.0.2.1" in out[1]
     assert "VLLM_HOST_IP=192.0.2.1 is not an address of this rank" in out[0]
+
+
+# --- real NCCL's words: the stand-in against what real NCCL 2.28.9 / torch 2.11 said on a GPU ----
+# tests/fixtures/nccl/messages.json: scripts/record_nccl_messages.py on the device tool's H200,
+# the kit's own probe (launcher/onrank/nccl_allreduce.py) under each wrong environment.
+RECORDED = json.loads((Path(__file__).parent / "fixtures" / "nccl" / "messages.json").read_text())
+
+
+def recorded(case: str, rank: str = "0") -> dict:
+    return RECORDED["cases"][case]["ranks"][rank]
+
+
+def folded(text: str) -> str:
+    return " ".join(text.split())
+
+
+def standin_as_probe_says(message: str) -> str:
+    """The stand-in's message as the probe reports an exception: type name without its module,
+    whitespace folded (nccl_allreduce._one_line)."""
+    return folded(message.removeprefix("torch.distributed."))
+
+
+def test_the_recording_is_of_the_versions_the_standin_names():
+    assert RECORDED["recorded_with"]["nccl"] == dist.NCCL_VERSION
+    assert RECORDED["recorded_with"]["torch"].startswith("2.11")
+
+
+@pytest.mark.parametrize("case, env", [
+    ("net_ib_without_rdma", {"NCCL_NET": "IB"}),
+    ("ib_hca_missing", {"NCCL_NET": "IB", "NCCL_IB_HCA": "=rocep9s0f9"}),
+])
+def test_nccl_net_ib_without_a_device_fails_as_real_nccl_does(tmp_path, monkeypatch, case, env):
+    monkeypatch.setenv("SANDBOX_SYSFS_ROOT", str(tmp_path / "none"))
+    real = recorded(case)
+    assert RECORDED["cases"][case]["env"] == env
+    warn = dist.data_connections({"rank": 0, "rdma": []}, {}, env)
+    assert [w.split("] ", 1)[-1].split(" NCCL WARN ")[-1] for w in real["nccl_warn"]] == \
+        [w.removeprefix("NCCL WARN ") for w in warn]
+    out = run_pair({**LOOPBACK, **env}, {**LOOPBACK, **env})
+    assert standin_as_probe_says(out[0]) == real["result"]["error"]
+    assert real["result"]["stage"] == "nccl_init" and real["rc"] != 0
+
+
+def test_nccl_socket_ifname_matching_nothing_fails_as_real_nccl_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("SANDBOX_SYSFS_ROOT", str(tmp_path / "none"))
+    real = recorded("socket_ifname_missing")
+    env = RECORDED["cases"]["socket_ifname_missing"]["env"]
+    out = run_pair({**LOOPBACK, **env}, LOOPBACK)
+    assert standin_as_probe_says(out[0]) == real["result"]["error"]
+    assert real["nccl_warn"][0].endswith("NCCL WARN " + dist.NO_SOCKET_INTERFACE)
+
+
+def test_an_nccl_ib_hca_naming_nothing_without_nccl_net_falls_back_as_real_nccl_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("SANDBOX_SYSFS_ROOT", str(tmp_path / "none"))
+    assert recorded("ib_hca_missing_no_net")["rc"] == 0  # real NCCL ran on sockets
+    env = RECORDED["cases"]["ib_hca_missing_no_net"]["env"]
+    assert run_pair({**LOOPBACK, **env}, {**LOOPBACK, **env}) == [None, None]
+
+
+def shape(message: str) -> str:
+    """A message with its figures (seconds, ports, addresses) as N: what must match exactly."""
+    return re.sub(r"\d+", "N", standin_as_probe_says(message))
+
+
+def alone(rank: int, port: int) -> str | None:
+    return dist.form_cluster(node_rank=rank, nnodes=2, master_addr="127.0.0.1", master_port=port,
+                             env=LOOPBACK, timeout_s=1, stop=threading.Event(), log=lambda _m: None)
+
+
+def test_a_rank_that_never_joins_times_out_in_torch_words(tmp_path, monkeypatch):
+    monkeypatch.setenv("SANDBOX_SYSFS_ROOT", str(tmp_path / "none"))
+    real = recorded("rank_never_joins")["result"]["error"]  # "tcp://...: DistStoreError: ..."
+    assert shape(alone(0, free_port())) == shape(real.split("): ", 1)[1])
+
+
+def test_a_closed_master_port_times_out_in_torch_words(tmp_path, monkeypatch):
+    monkeypatch.setenv("SANDBOX_SYSFS_ROOT", str(tmp_path / "none"))
+    real = recorded("master_port_closed", "1")["result"]["error"]
+    assert shape(alone(1, free_port())) == shape(real.split("): ", 1)[1])

@@ -283,15 +283,33 @@ class Store:
         self.sock.close()
 
 
+# ---------------------------------------------------------------- real NCCL's words
+# Recorded with NCCL 2.28.9 and torch 2.11 on a real GPU (tests/fixtures/nccl/messages.json, made
+# by scripts/record_nccl_messages.py); tests/test_standin_dist.py compares these with the recording.
+NCCL_VERSION = "2.28.9"
+NO_NET_PLUGIN = "Failed to initialize any NET plugin"  # NCCL_NET=IB, no usable RDMA device
+NO_SOCKET_INTERFACE = "Bootstrap : no socket interface found"  # NCCL_SOCKET_IFNAME matches nothing
+# Where torch raises each (its C10D_NCCL_CHECK site), as the message names it.
+INVALID_USAGE_AT = {NO_NET_PLUGIN: "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93",
+                    NO_SOCKET_INTERFACE: "/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3135"}
+
+
+def invalid_usage(last_error: str) -> str:
+    """torch.distributed's error for an NCCL init that ends in ncclInvalidUsage, as raised."""
+    return (f"torch.distributed.DistBackendError: NCCL error in: {INVALID_USAGE_AT[last_error]}, "
+            f"invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version {NCCL_VERSION}\n"
+            "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+            f"Last error:\n{last_error}")
+
+
 # ---------------------------------------------------------------- the checks
 
 def endpoints(env: Mapping[str, str], node_rank: int) -> tuple[dict, list[Listener], list[str]]:
     """This rank's listeners (bootstrap, gloo, message queue, one per usable HCA) and problems."""
     problems, listeners, ep = [], [], {"rank": node_rank, "rdma": []}
     boot_ip, boot_if = socket_address(env)
-    spec = env.get("NCCL_SOCKET_IFNAME", "")
     if boot_ip is None:
-        problems.append(f"NCCL WARN Bootstrap : no socket interface found (NCCL_SOCKET_IFNAME={spec!r})")
+        problems.append("NCCL WARN " + NO_SOCKET_INTERFACE)  # NCCL names no value (recorded)
     gloo_if = env.get("GLOO_SOCKET_IFNAME")
     gloo_ip = ipv4_of(gloo_if) if gloo_if else _hostname_ip()
     if gloo_ip is None:
@@ -372,8 +390,7 @@ def data_connections(me: dict, table: dict[int, dict], env: Mapping[str, str]) -
     rank, n = me["rank"], len(table)
     if not me["rdma"]:
         if env.get("NCCL_NET", "").upper() == "IB":
-            return ["NCCL WARN NET/IB : No device found. ncclInvalidUsage: NCCL_NET=IB but no "
-                    "usable RoCE HCA in NCCL_IB_HCA (check its value and the ports' state)"]
+            return ["NCCL WARN " + NO_NET_PLUGIN]  # NCCL_NET=IB: no fallback to sockets
         return []  # NCCL's socket transport; the bootstrap connections already cover its routes
     tree = "" if ring_only(env) else " (ncclTransportTreeConnect: NCCL_ALGO unset builds trees too)"
     problems = []
@@ -419,6 +436,10 @@ def _verdict(problems: dict[int, list[str]], rank: int) -> str | None:
     # reach the root, no rank gets as far as its ring or data connections, so that failure is the one
     rooted = [(r, p) for r, p in flat if p.startswith("NCCL WARN Bootstrap") and "-> rank 0)" in p]
     first = next(((r, p) for r, p in rooted or flat if r == rank), (rooted or flat)[0])
+    if first[0] == rank and first[1].startswith("NCCL WARN "):
+        last_error = first[1][len("NCCL WARN "):]
+        if last_error in INVALID_USAGE_AT:  # fails in this rank's own NCCL init: torch's own words
+            return invalid_usage(last_error)
     more = f"\n({len(flat) - 1} more problem(s) on ranks {sorted({r for r, _ in flat})})" \
         if len(flat) > 1 else ""
     return ("torch.distributed.DistBackendError: NCCL error: unhandled system error "
