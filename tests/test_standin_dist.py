@@ -216,3 +216,14 @@ def test_a_closed_master_port_times_out_in_torch_words(tmp_path, monkeypatch):
     monkeypatch.setenv("SANDBOX_SYSFS_ROOT", str(tmp_path / "none"))
     real = recorded("master_port_closed", "1")["result"]["error"]
     assert shape(alone(1, free_port())) == shape(real.split("): ", 1)[1])
+
+
+def test_vllm_meets_the_same_failure_through_its_own_nccl_communicator():
+    torch_words = recorded("net_ib_without_rdma")["result"]["error"]
+    # ncclGetErrorString's words are the ones torch embeds; vLLM's pynccl adds NCCL's last error
+    assert "invalid usage (run with NCCL_DEBUG=WARN for details)" in torch_words
+    assert dist.as_pynccl(dist.invalid_usage(dist.NO_NET_PLUGIN)) == (
+        "RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)\n"
+        "Last error:\nFailed to initialize any NET plugin")
+    assert dist.as_pynccl("torch.distributed.DistStoreError: x") == "torch.distributed.DistStoreError: x"
+    assert dist.as_pynccl(None) is None

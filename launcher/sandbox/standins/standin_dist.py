@@ -302,6 +302,17 @@ def invalid_usage(last_error: str) -> str:
             f"Last error:\n{last_error}")
 
 
+def as_pynccl(message: str | None) -> str | None:
+    """The same failure as vLLM's engine meets it: vLLM builds its own NCCL communicator through
+    ctypes (vllm/distributed/device_communicators/pynccl_wrapper.py, NCCL_CHECK) before torch's
+    process group runs a collective, and raises ncclGetErrorString's words plus NCCL's last error."""
+    for last_error in INVALID_USAGE_AT:
+        if message and message == invalid_usage(last_error):
+            return ("RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)\n"
+                    f"Last error:\n{last_error}")
+    return message
+
+
 # ---------------------------------------------------------------- the checks
 
 def endpoints(env: Mapping[str, str], node_rank: int) -> tuple[dict, list[Listener], list[str]]:

@@ -409,10 +409,10 @@ def join_cluster(options: dict) -> str | None:
         if not standin_ray.form(address, master, port):
             return f"the Ray head at {address} did not hand out the rendezvous"
     log(f"node rank {options.get('node_rank', 0)} of {nnodes}: rendezvous at {master}:{port}")
-    return standin_dist.form_cluster(
+    return standin_dist.as_pynccl(standin_dist.form_cluster(
         node_rank=int(options.get("node_rank") or 0), nnodes=nnodes, master_addr=master,
         master_port=port, env=os.environ, timeout_s=knob("SANDBOX_VLLM_DIST_TIMEOUT_S", 120),
-        stop=STOP, log=log)
+        stop=STOP, log=log))
 
 
 # ---------------------------------------------------------------- loading, on a GB10's memory
