@@ -22,7 +22,7 @@ from launcher.facts.clock import parse_clock
 from launcher.facts.disks import parse_disks
 from launcher.facts.docker import parse_docker, parse_docker_api
 from launcher.facts.gpu import CdiSpec, parse_cdi_specs, parse_driver, parse_gpu, parse_gpu_clocks, parse_nvidia_ctk
-from launcher.facts.kernel import parse_page_size, parse_sysctls
+from launcher.facts.kernel import parse_page_size, parse_sysctls, parse_sysfs_root
 from launcher.facts.limits import parse_docker_ulimits, parse_rlimits
 from launcher.facts.memory import parse_meminfo
 from launcher.facts.mounts import parse_mounts
@@ -55,6 +55,7 @@ PARSERS = {
     "cdi_specs": parse_cdi_specs,
     "nvidia_ctk": parse_nvidia_ctk,
     "page_size": parse_page_size,
+    "sysfs_root": parse_sysfs_root,
 }
 
 
@@ -373,3 +374,41 @@ def test_the_probe_reads_the_gpu_clock_record_where_prep_writes_it():
     from launcher.onrank import probe
 
     assert probe.GPU_CLOCK_FILE == node_settings.GPU_CLOCK_FILE
+
+
+# --- a sandbox rank declares its stand-in hardware; a Spark declares nothing -------------------
+
+def load_probe_module():
+    spec = importlib.util.spec_from_file_location("probe_script", Path(facts.__file__).parents[1] / "onrank" / "probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_probe_reads_a_ranks_declared_hardware_unless_the_kit_names_a_root(tmp_path):
+    probe_script = load_probe_module()
+    declared = tmp_path / "hardware.json"
+    assert probe_script.declared_hardware({"sysfs_root": "/"}, declared) == {"sysfs_root": "/"}  # a Spark
+    declared.write_text(json.dumps({"sysfs_root": "/sandbox/sysfs", "ip_addr_file": "/sandbox/ip-addr.json",
+                                    "mount_table": "/sandbox/mountinfo", "rm": "-rf /"}))
+    assert probe_script.declared_hardware({"sysfs_root": "/", "timeout_s": 5}, declared) == {
+        "sysfs_root": "/sandbox/sysfs", "ip_addr_file": "/sandbox/ip-addr.json",
+        "mount_table": "/sandbox/mountinfo", "timeout_s": 5}
+    named = {"sysfs_root": "/elsewhere/sysfs"}
+    assert probe_script.declared_hardware(named, declared) == named  # the kit's own root wins
+    declared.write_text("[not, json")
+    assert probe_script.declared_hardware({"sysfs_root": "/"}, declared) == {"sysfs_root": "/"}
+
+
+def test_init_takes_the_root_only_when_every_rank_declares_the_same_one():
+    from launcher.init.bringup import Answers, declared_sysfs_root
+
+    a = Answers(user="spark", key=Path("k"), known_hosts=Path("kh"), profile="sandbox", model_path="/m",
+                output=Path("c.yaml"))
+    from types import SimpleNamespace
+
+    ranks = lambda *roots: {i: SimpleNamespace(sysfs_root=r) for i, r in enumerate(roots)}  # noqa: E731
+    assert declared_sysfs_root(ranks("/sandbox/sysfs", "/sandbox/sysfs"), a) == "/sandbox/sysfs"
+    assert declared_sysfs_root(ranks("/", "/"), a) is None
+    assert declared_sysfs_root(ranks("/sandbox/sysfs", "/"), a) is None  # mixed: nothing assumed
+    assert declared_sysfs_root(ranks("/sandbox/sysfs"), dataclasses.replace(a, sysfs_root="/x")) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import getpass
 import json
@@ -114,6 +115,10 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, passwor
 
     loaded = bringup.load_doc(bringup.provisional(list(hosts), answers), output.resolve().parent)
     facts = bringup.probe_all(loaded)
+    declared = bringup.declared_sysfs_root(facts, answers)
+    if declared:  # sandbox ranks: the config says so, as `sandbox up`'s does (ansible treats them as such)
+        answers = dataclasses.replace(answers, sysfs_root=declared)
+        loaded = bringup.load_doc(bringup.provisional(list(hosts), answers), output.resolve().parent)
     from ..gather import probe
 
     with probe.open_group(loaded) as group:

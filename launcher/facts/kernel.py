@@ -19,3 +19,15 @@ HOSTNAME = Part("hostname", "hostname", verbatim, (key("hostname", ""),))
 KERNEL = Part("kernel", "kernel", verbatim, (key("kernel", ""),))
 SYSCTLS = Part("sysctls", "sysctls", parse_sysctls, (key("sysctls", {}),))
 PAGE_SIZE = Part("page_size", "page_size", parse_page_size, (key("page_size"),))
+
+
+def parse_sysfs_root(args: dict) -> str:
+    """Where the probe read the kernel's sysfs classes: "/" on a Spark; a sandbox rank's fixture
+    root when the kit named one or the rank declared one (onrank/probe.py, STANDIN_HARDWARE)."""
+    root = args.get("sysfs_root") or "/"
+    if not isinstance(root, str):
+        raise TypeError(f"sysfs_root {root!r:.40}")
+    return "/" if root.rstrip("/") in ("", "/sys") else root
+
+
+SYSFS_ROOT = Part("sysfs_root", "sysfs root", parse_sysfs_root, (key("args", {}),))

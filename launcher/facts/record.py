@@ -69,6 +69,7 @@ class Facts:
     routes: tuple[Route, ...] = ()  # the IPv4 routes that are up (/proc/net/route)
     nccl_lib: NcclLib | None = None  # only when nccl.host_lib is configured
     page_size: int | None = None  # bytes: 4096, or 65536 on a 64k-page kernel
+    sysfs_root: str = "/"  # "/" on a Spark; a sandbox rank's fixture tree
     driver: Driver | None = None  # None: no NVIDIA driver seen (no nvidia-smi, no module)
     gpu_clocks: GpuClocks | None = None
     cdi_specs: tuple[CdiSpec, ...] = ()  # the NVIDIA CDI specs present
@@ -259,7 +260,7 @@ PARTS: tuple[Part, ...] = (
     mounts.MODEL_MOUNT, kernel.HOSTNAME, kernel.KERNEL, memory.MEMORY, kernel.SYSCTLS, limits.ULIMITS,
     limits.DOCKER_ULIMITS, network.INTERFACES, rdma.RDMA, docker.DOCKER, mounts.MOUNTS, checkpoint_dir.CHECKPOINT,
     gpu.GPU, disks.DISKS, clock.CLOCK, network.SSH_ADDRESS, network.DEFAULT_ROUTE_IF, network.ROUTES,
-    nccl_lib.NCCL_LIB, kernel.PAGE_SIZE, gpu.DRIVER, gpu.GPU_CLOCKS, gpu.CDI_SPECS, gpu.NVIDIA_CTK,
+    nccl_lib.NCCL_LIB, kernel.PAGE_SIZE, kernel.SYSFS_ROOT, gpu.DRIVER, gpu.GPU_CLOCKS, gpu.CDI_SPECS, gpu.NVIDIA_CTK,
 )
 
 

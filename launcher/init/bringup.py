@@ -84,6 +84,15 @@ def probe_all(loaded) -> dict:
     return probe.facts_of(got)
 
 
+def declared_sysfs_root(all_facts: dict, a: Answers) -> str | None:
+    """The fixture sysfs root every rank declared (sandbox ranks do; onrank/probe.py's
+    STANDIN_HARDWARE), when none was given: it goes into cluster.yaml as `--sysfs-root` would."""
+    roots = {f.sysfs_root for f in all_facts.values()}
+    if a.sysfs_root != "/" or len(roots) != 1 or roots == {"/"}:
+        return None
+    return roots.pop()
+
+
 def neighbours(loaded, all_facts: dict) -> dict:
     """{rank: {netdev: [MAC] or None}} from onrank/neighbours.py on every rank's CX7 netdevs."""
     with probe.open_group(loaded) as group:

@@ -419,7 +419,31 @@ def parse_args(argv):
     return json.loads(text)
 
 
+# A sandbox rank (launcher/sandbox) is a container whose CX7 ports, RDMA sysfs and NFS mount are
+# fixtures; this file says where they are, so the kit probes it with no option, as it probes a
+# Spark (`init` included). A Spark has no such file: /sys and the real commands are read.
+STANDIN_HARDWARE = "/etc/sparkstack-sandbox/hardware.json"
+HARDWARE_KEYS = ("sysfs_root", "ip_addr_file", "mount_table")
+
+
+def declared_hardware(args, path=STANDIN_HARDWARE):
+    """`args` with a sandbox rank's declared fixture paths, unless the kit named a sysfs root."""
+    if (args.get("sysfs_root") or "/").rstrip("/") not in ("", "/sys"):
+        return args
+    try:
+        with open(path) as f:
+            declared = json.load(f)
+    except (OSError, ValueError):
+        return args
+    if not isinstance(declared, dict):
+        return args
+    out = dict(args)
+    out.update((k, declared[k]) for k in HARDWARE_KEYS if isinstance(declared.get(k), str))
+    return out
+
+
 def probe(args):
+    args = declared_hardware(args)
     started = time.time()
     timeout = float(args.get("timeout_s", 5))
     model_dir = args.get("model_dir")

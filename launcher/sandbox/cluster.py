@@ -73,6 +73,7 @@ import yaml
 
 from . import debian_image, fabric_fixture as fabric, links
 from . import gid_standin, nfs_link
+from ..onrank import probe as probe_script
 from . import meminfo as meminfo_mod
 from . import model_fixture as ckpt
 from .errors import SandboxError
@@ -656,6 +657,8 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
     else:
         for c in containers.values():
             _mount_fixture(c, net)
+    for c in containers.values():
+        _declare_hardware(c)
     if laid:
         what = "ring link(s)" if cabling == "ring" else "switch cable(s) of rank(s)"
         progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {links._end_mtu()})")
@@ -809,6 +812,18 @@ def _sysfs(state_dir: Path, i: int, n: int, **kw) -> dict[str, str]:
     """Rank i's sysfs fixture: its fabric, and (not bare) the link its checkpoint reads take."""
     files = fabric.sysfs_tree(i, n, addressed=not links.bare(), **kw)
     return files if links.bare() else {**files, **nfs_link.sysfs_files(nfs_link.speed(state_dir))}
+
+
+def _declare_hardware(container) -> None:
+    """Where the rank's stand-in hardware is (its sysfs tree, `ip addr`, mount table), in the file
+    the probe reads when the kit names no sysfs root: `init` then finds it as on a Spark."""
+    declared = json.dumps({"sysfs_root": SYSFS_ROOT, "ip_addr_file": "/sandbox/ip-addr.json",
+                           "mount_table": nfs_link.MOUNTINFO})
+    path = probe_script.STANDIN_HARDWARE
+    res = container.exec_run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && printf %s "$2" > "$1"', "sh", path, declared])
+    if res.exit_code != 0:
+        raise SandboxError(f"writing {path} in {container.name} failed: "
+                           f"{res.output.decode(errors='replace').strip()}", "check the rank's /etc")
 
 
 def _mount_fixture(container, net) -> None:
