@@ -202,7 +202,7 @@ def check_attention(cfg: dict, options: dict, plugins: dict, env) -> str | None:
               f"kv_cache_dtype={options.get('kv_cache_dtype', 'auto')}, "
               f"block_size={options.get('block_size')}, use_mla=True, has_sink=False, "
               f"use_sparse=True, use_mm_prefix=False, use_per_head_quant_scales=False, "
-              f"attn_type=decoder, has_sliding_window=False, use_non_causal=False, "
+              f"attn_type=AttentionType.DECODER, has_sliding_window=False, use_non_causal=False, "
               f"use_batch_invariant=False, use_kv_connector=False, "
               f"use_adaptive_verification=False, use_pcp=False, use_dcp=True, use_rswa=False)")
     reasons = "{TRITON_MLA: [sparse not supported], FLASHINFER_MLA_SPARSE_SM120: [DCP not supported]}"
