@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = ROOT / "launcher" / "sandbox" / "standins"
 FLAGS = ROOT / "launcher" / "inputs" / "data" / "vllm-serve-flags-0.33.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_profiles_with_vllm import cluster_configs, planned, serve_argv  # noqa: E402
+
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm033_engine_config"
 CHECKPOINT = FIXTURES / "checkpoint"
 PLUGIN = Path(__file__).resolve().parent / "vllm033_image_plugin"
@@ -63,7 +65,6 @@ import json, sys
 from pathlib import Path
 from launcher.inputs import config
 from launcher.images import chain
-from launcher.gather.engine_config import serve_argv
 loaded = config.load(Path(sys.argv[1]))
 caps = chain.image_caps(loaded)
 print(json.dumps({"brings": sorted({c for _, cs in caps.brings for c in cs})}))
@@ -73,31 +74,17 @@ print(json.dumps({"brings": sorted({c for _, cs in caps.brings for c in cs})}))
 def plan_cases(sparkstack: str, python: str) -> list[dict]:
     """Rank 0's planned argv and VLLM_* env of every vLLM profile, native and Ray, with what
     its serving image brings."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    example = (ROOT / "env" / "cluster.example.yaml").read_text()
     cases = []
-    for path in sorted((ROOT / "env" / "profiles").glob("*.yaml")):
-        for multinode in ("", "ray"):
-            text = re.sub(r"(?m)^profile: .*$", f"profile: {path.stem}"
-                          + (f"\nmultinode: {multinode}" if multinode else ""), example)
-            with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=ROOT / "env") as f:
-                f.write(text)
-                f.flush()
-                done = subprocess.run([sparkstack, "plan", "--offline", "--json", "--show-secrets",
-                                       "-c", f.name], capture_output=True, text=True, cwd=ROOT)
-                if done.returncode:
-                    sys.exit(f"sparkstack plan failed for {path.stem}: {done.stderr or done.stdout}")
-                rank0 = json.loads(done.stdout)["ranks"][0]
-                if "vllm" not in " ".join(rank0["engine"]):
-                    break  # not a vLLM profile
-                caps = json.loads(subprocess.run([python, "-c", PLAN_SNIPPET, f.name], check=True,
-                                                 capture_output=True, text=True, cwd=ROOT).stdout)
-            from check_profiles_with_vllm import serve_argv
-            argv = serve_argv(rank0["engine"])
-            env = {k: v for k, v in rank0["env"].items()
-                   if k.startswith("VLLM_") and k not in ("VLLM_HOST_IP", "VLLM_CACHE_ROOT")}
-            cases.append({"name": f"{path.stem}-{multinode or 'native'}", "kind": "plan",
-                          "argv": argv[1:], "env": env, "registers": caps["brings"]})
+    for stem, multinode, text in cluster_configs():
+        plan, caps = planned(sparkstack, text, lambda path: json.loads(subprocess.run(
+            [python, "-c", PLAN_SNIPPET, path], check=True, capture_output=True, text=True, cwd=ROOT).stdout))
+        argv = serve_argv(plan["ranks"][0]["engine"])
+        if argv is None:
+            continue  # not a vLLM profile
+        env = {k: v for k, v in plan["ranks"][0]["env"].items()
+               if k.startswith("VLLM_") and k not in ("VLLM_HOST_IP", "VLLM_CACHE_ROOT")}
+        cases.append({"name": f"{stem}-{multinode or 'native'}", "kind": "plan",
+                      "argv": argv[1:], "env": env, "registers": caps["brings"]})
     return cases
 
 
