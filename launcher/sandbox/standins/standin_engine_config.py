@@ -2,7 +2,9 @@
 and the attention-backend choice refuse before any weight is loaded, with vLLM's own messages.
 Standard library only (Python 3.8); imported by standin_vllm.py (its sibling in the image).
 
-Each message is copied from vLLM 0.33.0's source (the wheel vllm-0.33.0-cp38-abi3):
+Each message is copied from vLLM 0.33.0's source (the wheel vllm-0.33.0-cp38-abi3), and is what
+vLLM 0.33.0 said when run (tests/fixtures/vllm033_engine_config, recorded by
+scripts/check_engine_config_with_vllm.py; tests/test_engine_config_fixtures.py compares):
 - `vllm/config/model.py` `_get_and_verify_max_len`: a --max-model-len above the checkpoint's
   derived maximum (the smallest of max_position_embeddings, n_positions, ... in config.json,
   times the RoPE scaling factor) without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (`vllm/envs.py`: "1" or
