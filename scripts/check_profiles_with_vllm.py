@@ -120,25 +120,37 @@ def error_text(stderr: str) -> str:
     return re.sub(r" at 0x[0-9a-f]+", " at 0x…", text.strip())
 
 
-def profile_argvs(sparkstack: str) -> list[tuple[str, list[str]]]:
-    """(label, argv after `vllm serve`) of every rank of every vLLM profile, native and Ray."""
-    out = []
+def cluster_configs():
+    """(profile, multinode, cluster.yaml text) for every profile in env/profiles/, native and Ray,
+    from env/cluster.example.yaml."""
     example = (ROOT / "env" / "cluster.example.yaml").read_text()
     for path in sorted((ROOT / "env" / "profiles").glob("*.yaml")):
         for multinode in ("", "ray"):
-            config = re.sub(r"(?m)^profile: .*$", f"profile: {path.stem}"
-                            + (f"\nmultinode: {multinode}" if multinode else ""), example)
-            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-                f.write(config)
-                f.flush()
-                done = subprocess.run([sparkstack, "plan", "--offline", "--json", "--show-secrets",
-                                       "-c", f.name], capture_output=True, text=True, cwd=ROOT)
-            if done.returncode:
-                sys.exit(f"sparkstack plan failed for {path.stem}: {done.stderr or done.stdout}")
-            for rank in json.loads(done.stdout)["ranks"]:
-                argv = serve_argv(rank["engine"])
-                if argv is not None:
-                    out.append((f"{path.stem} {multinode or 'native'} rank {rank['rank']}", argv))
+            yield path.stem, multinode, re.sub(r"(?m)^profile: .*$", f"profile: {path.stem}"
+                                               + (f"\nmultinode: {multinode}" if multinode else ""), example)
+
+
+def planned(sparkstack: str, text: str, more=None) -> tuple[dict, object]:
+    """`sparkstack plan --offline --json` of a cluster.yaml text, and more(its path) asked while
+    the file exists."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(text)
+        f.flush()
+        done = subprocess.run([sparkstack, "plan", "--offline", "--json", "--show-secrets", "-c", f.name],
+                              capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            sys.exit(f"sparkstack plan failed: {done.stderr or done.stdout}\n{text}")
+        return json.loads(done.stdout), (more(f.name) if more else None)
+
+
+def profile_argvs(sparkstack: str) -> list[tuple[str, list[str]]]:
+    """(label, argv after `vllm serve`) of every rank of every vLLM profile, native and Ray."""
+    out = []
+    for stem, multinode, text in cluster_configs():
+        for rank in planned(sparkstack, text)[0]["ranks"]:
+            argv = serve_argv(rank["engine"])
+            if argv is not None:
+                out.append((f"{stem} {multinode or 'native'} rank {rank['rank']}", argv))
     return out
 
 

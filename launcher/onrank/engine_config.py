@@ -9,7 +9,8 @@ would ask it before loading a byte, and nothing more:
    a FlexibleArgumentParser, the model positional as `model_tag`), after the image's plugins
    are loaded (vllm.plugins.load_general_plugins: the image's quantization methods, attention
    backends);
-2. `AsyncEngineArgs.from_cli_args(args).create_engine_config()`: the checkpoint's config.json
+2. `AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=OPENAI_API_SERVER)`,
+   as `vllm serve` calls it: the checkpoint's config.json
    read, the derived max length, the quantization method, the parallel layout and executor
    (Ray imported for the Ray executor);
 3. for an MLA model, the attention backend its layers would pick
@@ -33,6 +34,7 @@ def real_vllm(argv):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.plugins import load_general_plugins
+    from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     load_general_plugins()
@@ -46,7 +48,11 @@ def real_vllm(argv):
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
     try:
-        config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+        # as `vllm serve` asks it (vllm/entrypoints/cli/serve.py): the API server's usage context
+        # picks the batch defaults (on a GB10: --max-num-batched-tokens 2048)
+        headless = {"headless": True} if getattr(args, "headless", False) else {}
+        config = AsyncEngineArgs.from_cli_args(args).create_engine_config(
+            usage_context=UsageContext.OPENAI_API_SERVER, **headless)
         mc = config.model_config
         if mc.use_mla:
             from vllm.config import set_current_vllm_config
@@ -57,8 +63,25 @@ def real_vllm(argv):
                                  use_mla=True, use_sparse=hasattr(mc.hf_text_config, "index_topk"),
                                  num_heads=mc.get_num_attention_heads(config.parallel_config))
     except Exception as e:  # vLLM's refusals are ValueErrors; anything else is as telling
-        return 1, [f"{type(e).__name__}: {e}"]
+        return 1, [refusal(e)]
     return 0, [f"max_model_len={mc.max_model_len} quantization={mc.quantization}"]
+
+
+def refusal(error):
+    """vLLM's own words for a refusal. Its config classes are pydantic dataclasses: a ValueError
+    raised while ModelConfig or ParallelConfig validates arrives wrapped in pydantic's
+    ValidationError ("1 validation error for ModelConfig\n  Value error, <vLLM's message>
+    [type=value_error, input_value=ArgsKwargs(...)]"); the error vLLM raised is in its ctx."""
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        try:
+            found = [e.get("ctx", {}).get("error") for e in errors()]
+        except Exception:  # not pydantic's errors(): said as it is
+            found = []
+        inner = next((e for e in found if isinstance(e, BaseException)), None)
+        if inner is not None:
+            return f"{type(inner).__name__}: {inner}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _asked(question, argv):

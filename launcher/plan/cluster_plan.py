@@ -154,7 +154,8 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
     notes = (loaded.engine.notes(master, len(cluster.ranks)) + long_notes
              + engine_conf.quant_notes(model.limits)
              + engine_conf.undeclared_notes(loaded, model.limits, inputs.image_caps)
-             + engine_conf.no_effect_notes(loaded, model.limits, ranks[0].env if ranks else {}))
+             + engine_conf.no_effect_notes(loaded, model.limits, ranks[0].env if ranks else {})
+             + engine_conf.speculative_notes(loaded))
     nfs = cluster.model.nfs.server if cluster.model.nfs else None
     load = load_path.for_ranks(facts, nfs)
     return Plan(ranks, sizing, image, assumed, guard, key, tuple(cluster.overrides.secret_env), notes,

@@ -129,3 +129,40 @@ def no_effect_notes(loaded: Loaded, limits: ModelLimits | None, env: dict[str, s
             "breakable CUDA graphs for this architecture (VLLM_USE_BREAKABLE_CUDAGRAPH=1), which sets the "
             "compilation mode to NONE, so no fusion pass runs (vLLM still logs the pass as enabled)"
             for f in passes]
+
+
+# vLLM 0.33.0's warnings for speculative decoding, verbatim (config/vllm.py
+# _set_max_num_scheduled_tokens, config/speculative.py), as it logs them for the kit's MTP argv
+# (scripts/check_engine_config_with_vllm.py; tests/fixtures/vllm033_engine_config). On a GB10
+# (compute capability 12.1) `vllm serve` defaults --max-num-batched-tokens to 2048
+# (EngineArgs.get_batch_defaults), and max_num_scheduled_tokens to that.
+GB10_BATCHED_TOKENS = 2048
+SCHEDULED_TOKENS_ENOUGH = 8192
+SCHEDULED_WARNING = ("max_num_scheduled_tokens is set to {n} based on the speculative decoding settings. "
+                     "This may lead to suboptimal performance. Consider increasing max_num_batched_tokens to "
+                     "accommodate the additional draft token slots, or decrease num_speculative_tokens.")
+SAME_MTP_WARNING = ("Enabling num_speculative_tokens > 1 will run multiple times of forward on same MTP "
+                    "layer,which may result in lower acceptance rate")
+
+
+def speculative_notes(loaded: Loaded) -> list[str]:
+    """What vLLM 0.33 warns at every start for the profile's speculative decoding, said in the
+    plan so the log's warnings are expected ones (issue 32)."""
+    if not loaded.engine.startup_guard:
+        return []
+    spec = vllm_flags.converted(loaded.flags, "speculative_config")
+    if not isinstance(spec, dict):
+        return []
+    notes = []
+    given = vllm_flags.converted(loaded.flags, "max_num_batched_tokens")
+    tokens = given if isinstance(given, int) else GB10_BATCHED_TOKENS
+    if tokens < SCHEDULED_TOKENS_ENOUGH:
+        source = (f"--max-num-batched-tokens {tokens}" if isinstance(given, int) else
+                  f"vLLM's default --max-num-batched-tokens on a GB10, {tokens}")
+        notes.append(f"vLLM 0.33 warns at start (expected: {source}, below {SCHEDULED_TOKENS_ENOUGH}, with "
+                     f"speculative decoding): \"{SCHEDULED_WARNING.format(n=tokens)}\"")
+    drafts = spec.get("num_speculative_tokens")
+    if spec.get("method") == "mtp" and isinstance(drafts, int) and drafts > 1:
+        notes.append(f"vLLM 0.33 warns at start (expected: num_speculative_tokens {drafts} with the "
+                     f"checkpoint's MTP layer): \"{SAME_MTP_WARNING}\"")
+    return notes

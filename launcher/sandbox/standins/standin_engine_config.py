@@ -2,7 +2,9 @@
 and the attention-backend choice refuse before any weight is loaded, with vLLM's own messages.
 Standard library only (Python 3.8); imported by standin_vllm.py (its sibling in the image).
 
-Each message is copied from vLLM 0.33.0's source (the wheel vllm-0.33.0-cp38-abi3):
+Each message is copied from vLLM 0.33.0's source (the wheel vllm-0.33.0-cp38-abi3), and is what
+vLLM 0.33.0 said when run (tests/fixtures/vllm033_engine_config, recorded by
+scripts/check_engine_config_with_vllm.py; tests/test_engine_config_fixtures.py compares):
 - `vllm/config/model.py` `_get_and_verify_max_len`: a --max-model-len above the checkpoint's
   derived maximum (the smallest of max_position_embeddings, n_positions, ... in config.json,
   times the RoPE scaling factor) without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (`vllm/envs.py`: "1" or
@@ -202,7 +204,7 @@ def check_attention(cfg: dict, options: dict, plugins: dict, env) -> str | None:
               f"kv_cache_dtype={options.get('kv_cache_dtype', 'auto')}, "
               f"block_size={options.get('block_size')}, use_mla=True, has_sink=False, "
               f"use_sparse=True, use_mm_prefix=False, use_per_head_quant_scales=False, "
-              f"attn_type=decoder, has_sliding_window=False, use_non_causal=False, "
+              f"attn_type=AttentionType.DECODER, has_sliding_window=False, use_non_causal=False, "
               f"use_batch_invariant=False, use_kv_connector=False, "
               f"use_adaptive_verification=False, use_pcp=False, use_dcp=True, use_rswa=False)")
     reasons = "{TRITON_MLA: [sparse not supported], FLASHINFER_MLA_SPARSE_SM120: [DCP not supported]}"
