@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.transport import api
 from test_standin_vllm import Standin, http, load_module
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm033_api" / "cases.json"
@@ -231,3 +232,26 @@ def test_chat_stream_chunks_are_vllms(name, fixture, request):
     assert fields == {k for e in recorded[1:-2] for k in e["choices"][0]["delta"]}
     usage = events[-2]["usage"]
     assert set(usage) == set(recorded[-2]["usage"])
+
+
+# ---------------------------------------------------------------- the kit's client
+
+def test_transport_prompt_logprobs_reads_what_vllm_answers(plain):
+    """launcher/transport/api.prompt_logprobs (#30's perplexity) on the stand-in: the recorded
+    vLLM rows for the same token ids, and vLLM's refusal as ApiRefused."""
+    ep = api.Endpoint(f"http://127.0.0.1:{plain.port}", "glm", None)
+    case = CASES["completion_token_ids_prompt_logprobs_0"]
+    got = api.prompt_logprobs(ep, case["request"]["body"]["prompt"])
+    rows = case["response"]["choices"][0]["prompt_logprobs"]
+    assert got.tokens[0] == api.PromptToken(None, None, None, None) and len(got.tokens) == len(rows)
+    for token, row in zip(got.tokens[1:], rows[1:]):
+        (tid, entry), = row.items()
+        assert (token.token_id, token.text, token.logprob, token.rank) == (
+            int(tid), entry["decoded_token"], entry["logprob"], entry["rank"])
+    scored = [t.logprob for t in got.tokens[1:]]
+    assert got.perplexity == pytest.approx(math.exp(-sum(scored) / len(scored)))
+    too_long = CASES["completion_prompt_too_long"]
+    with pytest.raises(api.ApiRefused) as refused:
+        api.prompt_logprobs(ep, too_long["request"]["body"]["prompt"])
+    assert refused.value.status == 400
+    assert refused.value.message.endswith(too_long["response"]["error"]["message"])
