@@ -255,3 +255,14 @@ def test_transport_prompt_logprobs_reads_what_vllm_answers(plain):
         api.prompt_logprobs(ep, too_long["request"]["body"]["prompt"])
     assert refused.value.status == 400
     assert refused.value.message.endswith(too_long["response"]["error"]["message"])
+
+
+def test_chat_without_max_tokens_ends_by_itself_within_the_context(plain):
+    """No max_tokens: vLLM's bound is the context left, and the answer still ends on its own
+    ("stop"); only an answer longer than what is left is cut ("length")."""
+    ask_ = {"model": "glm", "messages": [{"role": "user", "content": "Hi"}]}
+    _, body = ask(plain.port, "/v1/chat/completions", ask_)
+    assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] < 100
+    tight = {**ask_, "messages": [{"role": "user", "content": words(760)}]}  # 988 tokens
+    _, body = ask(plain.port, "/v1/chat/completions", tight)
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["total_tokens"] == 1000

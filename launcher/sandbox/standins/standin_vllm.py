@@ -889,9 +889,10 @@ class Handler(BaseHTTPRequestHandler):
             with self.engine.lock:
                 self.engine.running -= 1
 
-    def check(self, req: dict, requests) -> int | None:
-        """vLLM's checks of a chat request, in its order (standin_requests); the max_tokens it
-        will generate: what was asked, shortened to what the context leaves."""
+    def check(self, req: dict, requests) -> tuple[int | None, int | None]:
+        """vLLM's checks of a chat request, in its order (standin_requests). Returns max_tokens as
+        asked, shortened to what the context leaves (None if not asked: the answer ends by
+        itself), and that bound (None without a context limit)."""
         requests.check_model(req.get("model"), self.engine.names)
         asked = req.get("max_tokens")
         if asked is None:
@@ -901,15 +902,19 @@ class Handler(BaseHTTPRequestHandler):
         prompt = count_prompt_tokens(req["messages"])
         requests.check_prompt_len(prompt, limit, from_text=True)
         if asked is None and not limit:
-            return None
-        return requests.effective_max_tokens(asked, prompt, limit, None)
+            return None, None
+        bound = requests.effective_max_tokens(asked, prompt, limit, None)
+        return (None if asked is None else bound), bound
 
     def head(self, prefix: str, model) -> dict:
         return {"id": f"{prefix}-{uuid.uuid4().hex[:16]}", "created": int(time.time()),
                 "model": model or self.engine.names[0]}
 
-    def complete(self, req: dict, max_tokens: int | None, t0: float) -> None:
+    def complete(self, req: dict, limits: tuple[int | None, int | None], t0: float) -> None:
+        max_tokens, bound = limits
         tokens, finish = plan_tokens(req, max_tokens, self.engine.reasoning_parser)
+        if bound is not None and len(tokens) > bound:  # an answer longer than the context left
+            tokens, finish = tokens[:bound], "length"
         prompt = count_prompt_tokens(req["messages"])
         usage = {"prompt_tokens": prompt, "total_tokens": prompt + len(tokens),
                  "completion_tokens": len(tokens)}
