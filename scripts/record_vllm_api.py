@@ -265,6 +265,84 @@ async def record(app, names, suffix: str, out: dict) -> None:
             print(f"{name + suffix}: {r.status_code}", file=sys.stderr)
 
 
+def standin_answers(model: Path, extra: list[str]) -> dict:
+    """The stand-in (a real process on loopback) asked the same cases; the chat bodies as the
+    stand-in's tests send them (thinking on, so reasoning shows)."""
+    import os
+    import socket
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    (model / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    meminfo = model.parent / "meminfo"
+    meminfo.write_text("MemTotal: 127600000 kB\nMemFree: 127600000 kB\nMemAvailable: 127600000 kB\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SANDBOX_VLLM_FLAGS": str(ROOT / "launcher/inputs/data/vllm-serve-flags-0.33.json"),
+           "SANDBOX_VLLM_RECORD": str(model.parent / "record.json"), "SANDBOX_VLLM_MEMINFO": str(meminfo),
+           "SANDBOX_VLLM_HELD_GIB": "0", "SANDBOX_VLLM_TOKENS_PER_S": "5000", "SANDBOX_VLLM_TTFT_S": "0"}
+    proc = subprocess.Popen([sys.executable, str(STANDINS / "standin_vllm.py"), "serve", str(model),
+                             "--host", "127.0.0.1", "--port", str(port), "--max-model-len",
+                             str(MAX_MODEL_LEN), "--served-model-name", "glm", *extra],
+                            env=env, stderr=subprocess.DEVNULL)
+    answers: dict = {}
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        for name, (path, body) in CASES.items():
+            if path.endswith("chat/completions"):
+                body = {**body, "chat_template_kwargs": {"reasoning_effort": "high"}}
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode())
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    status, raw = resp.status, resp.read().decode()
+            except urllib.error.HTTPError as e:
+                status, raw = e.code, e.read().decode()
+            if body.get("stream") and status == 200:
+                answers[name] = (status, [e[6:] if e[6:] == "[DONE]" else json.loads(e[6:])
+                                          for e in raw.splitlines() if e.startswith("data: ")])
+            else:
+                answers[name] = (status, json.loads(raw))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    return answers
+
+
+def validate_standin(answers: dict) -> list[str]:
+    """Each stand-in answer through vLLM's own response models; the problems found."""
+    from pydantic import ValidationError
+    from vllm.entrypoints.openai.chat_completion.protocol import (ChatCompletionResponse,
+                                                                  ChatCompletionStreamResponse)
+    from vllm.entrypoints.openai.completion.protocol import (CompletionResponse,
+                                                             CompletionStreamResponse)
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    problems = []
+    for name, (status, body) in answers.items():
+        chat = CASES[name][0].endswith("chat/completions")
+        try:
+            if status != 200:
+                ErrorResponse.model_validate(body)
+            elif isinstance(body, list):
+                model = ChatCompletionStreamResponse if chat else CompletionStreamResponse
+                for chunk in body[:-1]:
+                    model.model_validate(chunk)
+                assert body[-1] == "[DONE]"
+            else:
+                (ChatCompletionResponse if chat else CompletionResponse).model_validate(body)
+        except (ValidationError, AssertionError) as e:
+            problems.append(f"{name}: {e}")
+    return problems
+
+
 async def main_async(out_dir: Path) -> None:
     import vllm
     from vllm import platforms
@@ -278,11 +356,23 @@ async def main_async(out_dir: Path) -> None:
         await record(await server(model, []), list(CASES), "", recorded)
         await record(await server(model, ["--reasoning-parser", "glm45"]), REASONING_CASES,
                      "_reasoning_parser", recorded)
+        answers = standin_answers(model, [])
+    problems = validate_standin(answers)
+    other = [f"{n} ({status}, vLLM {recorded[n]['status']})" for n, (status, _) in answers.items()
+             if status != recorded[n]["status"]]
+    # chat prompts are counted differently (the stand-in: 1.3 a word; here: a byte a token), so
+    # chat_prompt_too_long's one long word fits the stand-in: its test sends 1,000 words instead
+    print(f"stand-in: {len(answers) - len(other)}/{len(answers)} cases with vLLM's status "
+          f"(others: {', '.join(other) or 'none'}); every body through vLLM's response models: "
+          f"{'; '.join(problems) or 'all valid'}", file=sys.stderr)
+    if problems:
+        sys.exit(1)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"vllm_version": vllm.__version__, "produced_by": "scripts/record_vllm_api.py",
             "serve": f"vllm serve MODEL --max-model-len {MAX_MODEL_LEN} --served-model-name glm",
             "config_json": json.dumps(CONFIG, sort_keys=True), "chat_template": CHAT_TEMPLATE,
-            "note": "ids and created times differ per run; the stand-in's tests ignore them"}
+            "note": "ids, created times and system_fingerprint (its hash covers the temporary "
+                    "model path) differ per run; the stand-in's tests ignore them"}
     (out_dir / "cases.json").write_text(json.dumps({"meta": meta, "cases": recorded}, indent=1,
                                                    sort_keys=True) + "\n")
     print(f"wrote {out_dir / 'cases.json'} ({len(recorded)} cases)", file=sys.stderr)
