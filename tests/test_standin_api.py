@@ -96,7 +96,7 @@ def test_completion_refusals_are_vllms(plain, name):
 
 # The chat cases the stand-in must refuse: the same limits, with messages the stand-in counts as
 # vLLM's tokenizer counted the recorded ones (1001 tokens: at least the context + 1).
-CHAT_AS = {"chat_max_tokens_0": {}, "chat_max_tokens_above_context": {},
+CHAT_AS = {"chat_max_tokens_0": {}, "chat_max_tokens_above_context": {}, "chat_max_tokens_not_int": {},
            "chat_prompt_too_long": {"messages": [{"role": "user", "content": words(1000)}]}}
 
 
@@ -266,3 +266,14 @@ def test_chat_without_max_tokens_ends_by_itself_within_the_context(plain):
     tight = {**ask_, "messages": [{"role": "user", "content": words(760)}]}  # 988 tokens
     _, body = ask(plain.port, "/v1/chat/completions", tight)
     assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["total_tokens"] == 1000
+
+
+def test_integer_fields_parse_as_the_request_model_does():
+    """pydantic's lax integers: numeric strings and whole floats are taken; the recorded 400's
+    body is the same error for a fractional float but with pydantic's own type and words."""
+    requests = load_module().api_modules()[0]
+    assert requests.parsed({"max_tokens": "5", "logprobs": 2.0}) == {"max_tokens": 5, "logprobs": 2}
+    with pytest.raises(requests.Refused) as bad:
+        requests.parsed({"max_tokens": 1.5})
+    assert bad.value.status == 400 and bad.value.body["error"]["param"] == "body.max_tokens"
+    assert "'type': 'int_from_float'" in bad.value.body["error"]["message"]

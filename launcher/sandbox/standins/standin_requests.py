@@ -35,6 +35,34 @@ def invalid(message: str, param: str, value=None) -> Refused:
     return Refused(f"{message} ({where})", param=param)
 
 
+INT_FIELDS = ("max_tokens", "max_completion_tokens", "logprobs", "prompt_logprobs")
+
+
+def pydantic_int(field: str, value):
+    """The request model's parsing of an integer field (pydantic, lax): whole floats and numeric
+    strings are taken; anything else is FastAPI's 400 with pydantic's error."""
+    if value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            kind, msg = "int_parsing", "Input should be a valid integer, unable to parse string as an integer"
+    elif isinstance(value, float):
+        kind, msg = "int_from_float", "Input should be a valid integer, got a number with a fractional part"
+    else:
+        kind, msg = "int_type", "Input should be a valid integer"
+    error = {"type": kind, "loc": f"body.{field}", "msg": msg, "input": value}
+    raise Refused(f"1 validation error:\n  {error}", kind="Bad Request", param=f"body.{field}")
+
+
+def parsed(req: dict) -> dict:
+    """The request with its integer fields as the request model parses them."""
+    return {**req, **{f: pydantic_int(f, req[f]) for f in INT_FIELDS if f in req}}
+
+
 def check_model(model, names: list[str]) -> None:
     if model and model not in names:
         raise Refused(f"The model `{model}` does not exist. Valid aliases: {', '.join(names)}.",
@@ -113,6 +141,7 @@ class Completion:
 
     def __init__(self, req: dict, names: list[str], limit: int | None, model: lm.Model,
                  continuation: str):
+        req = parsed(req)
         check_model(req.get("model"), names)
         check_max_tokens_param(req.get("max_tokens"), limit)
         self.prompt, from_text = prompt_tokens(req.get("prompt"))

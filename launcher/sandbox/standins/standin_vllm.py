@@ -873,6 +873,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise requests.Refused("SANDBOX STAND-IN: streaming with echo or "
                                            "prompt_logprobs is not implemented", param="stream")
             else:
+                req = requests.parsed(req)
                 job = self.check(req, requests)
         except requests.Refused as e:
             return self.send_json(e.status, e.body)
