@@ -86,12 +86,14 @@ class Standin:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """MTP k=3 with an API key and a served name, at a known decode rate, TTFT and prefill."""
+    """MTP k=3 with an API key and a served name, at a known decode rate, TTFT and prefill; with
+    a reasoning parser, so thinking comes as vLLM 0.33's `reasoning` field."""
     env = {"SANDBOX_VLLM_TOKENS_PER_S": str(RATE), "SANDBOX_VLLM_TTFT_S": str(TTFT),
            "SANDBOX_VLLM_PREFILL_TOKENS_PER_S": str(PREFILL),
            "SANDBOX_VLLM_ACCEPTED_PER_DRAFT": str(ACCEPTED)}
     s = Standin(tmp_path_factory.mktemp("good"), ["--served-model-name", "glm", "--api-key", KEY,
-                                                   "--speculative-config", SPEC], env)
+                                                   "--speculative-config", SPEC,
+                                                   "--reasoning-parser", "glm45"], env)
     yield s
     s.stop()
 
@@ -203,6 +205,23 @@ def test_table_and_config_target(server, tmp_path, write_config):
     # come before 0.24 s after the first token, so a TTFT counting only content is at least that late
     reasoning = min(len(standin_module().REASONING), 32 // 2)
     assert first_token_at(request) <= request["ttft_s"] < first_token_at(request) + reasoning / RATE, request
+
+
+def test_needle_near_the_context_limit_runs(tmp_path):
+    """A needle whose prompt fits but prompt + max_tokens does not: vLLM 0.33 shortens max_tokens
+    (the stand-in answered 400 before, so a needle that runs on a Spark failed in the sandbox)."""
+    (tmp_path / "srv").mkdir()
+    s = Standin(tmp_path / "srv", ["--served-model-name", "glm", "--max-model-len", "2100"],
+                {"SANDBOX_VLLM_TOKENS_PER_S": "400"})
+    try:
+        result = run_bench("--url", s.url, "--tasks", "list", "--concurrency", "1",
+                           "--max-tokens", "256", "--needle", "2k", "--thinking",
+                           "--out", str(tmp_path), "--json")
+        assert result.exit_code == 0, result.output
+        (needle,) = json.loads(result.stdout)["needle"]
+        assert needle["passed"] and needle["prompt_tokens"] < 2100 < needle["prompt_tokens"] + 256, needle
+    finally:
+        s.stop()
 
 
 def test_server_down_is_a_clear_error(tmp_path):
@@ -466,7 +485,7 @@ def delta(**fields) -> dict:
 
 def test_stream_reader_counts_chunks_without_usage_and_reasoning_for_ttft():
     request = feed(stream.StreamReader(0.0, "srv"), delta(role="assistant", content=""),
-                   delta(reasoning_content="Let"), delta(content="Hi"),
+                   delta(reasoning="Let"), delta(content="Hi"),
                    {"choices": [{"index": 0, "delta": {"content": " there"},
                                  "finish_reason": "stop"}]}, "[DONE]")
     assert request.ttft_s == pytest.approx(0.1)  # the reasoning token, not the first content

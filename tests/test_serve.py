@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -115,6 +116,20 @@ def test_logs_of_a_worker(cfg, started):
 def test_wait_answers(cfg, started):
     result = cli("wait", "-c", cfg, "--timeout", "30")
     assert result.exit_code == 0 and "serves GLM-5.3-sandbox" in result.output
+
+
+def test_prompt_logprobs_through_the_served_api(cfg, started):
+    """#30's path: launcher.transport.api.prompt_logprobs against rank 0's API with the config's
+    endpoint and key; the serving image carries the stand-in's model, so the same text gives
+    the same logprobs twice."""
+    from launcher.inputs.config import load
+    from launcher.transport import api
+
+    ep = api.endpoint(load(Path(cfg)))
+    text = "Four small machines share one model."
+    first = api.prompt_logprobs(ep, text)
+    assert len(first.tokens) == len(text.encode()) and first.tokens[0].logprob is None
+    assert first == api.prompt_logprobs(ep, text) and 1 < first.perplexity < 256
 
 
 def test_a_rank_that_dies_at_start_stops_everyone(sandbox, cfg, started, tmp_path):

@@ -8,7 +8,7 @@ import json
 from ..errors import SparkstackError
 from .results import Request
 
-REASONING_FIELDS = ("reasoning_content", "reasoning")  # vLLM's older and newer delta names
+REASONING_FIELDS = ("reasoning", "reasoning_content")  # vLLM 0.33 (with --reasoning-parser), older servers
 
 
 class BenchError(SparkstackError):

@@ -1,7 +1,9 @@
-"""The served OpenAI-compatible API on rank 0: where it is, and waiting until it answers."""
+"""The served OpenAI-compatible API on rank 0: where it is, waiting until it answers, and the
+prompt logprobs it gives (a teacher-forced perplexity through the served API)."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -91,3 +93,72 @@ def _completes(ep: Endpoint) -> tuple[bool, str]:
     if r.status_code != 200:
         return False, f"HTTP {r.status_code}: {r.text[:200]}"
     return bool(r.json().get("choices")), "no choices in the answer"
+
+
+class ApiRefused(SparkstackError):
+    """The server answered, with an error: its status and vLLM's message."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PromptToken:
+    token_id: int | None  # None for the first token: vLLM names no id for it
+    text: str | None  # the token decoded alone
+    logprob: float | None  # None for the first token: nothing precedes it
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """The model's logprob of each prompt token given the ones before it (teacher forcing)."""
+
+    tokens: tuple[PromptToken, ...]
+
+    @property
+    def nll(self) -> float:
+        """Mean negative log-likelihood per scored token (all but the first), in nats."""
+        scored = [t.logprob for t in self.tokens if t.logprob is not None]
+        if not scored:
+            raise ValueError("a one-token prompt has no scored token")
+        return -sum(scored) / len(scored)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll)
+
+
+def prompt_logprobs(ep: Endpoint, prompt: str | list[int], timeout: float = 300.0) -> PromptLogprobs:
+    """The served model's prompt logprobs for `prompt` (text or token ids), from vLLM's
+    /v1/completions with prompt_logprobs=0 (only each prompt token's own entry). max_tokens is 1:
+    vLLM refuses 0, and a prompt that alone does not fit the context is its 400 (ApiRefused)."""
+    body = {"model": ep.model, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0}
+    r = httpx.post(f"{ep.url}/v1/completions", json=body, headers=ep.headers, timeout=timeout)
+    if r.status_code != 200:
+        raise ApiRefused(f"{ep.url} answered {r.status_code} to POST /v1/completions: "
+                         f"{_error_message(r)}", r.status_code)
+    rows = r.json()["choices"][0].get("prompt_logprobs")
+    if not rows or rows[0] is not None:
+        raise ApiRefused(f"{ep.url}/v1/completions gave no prompt_logprobs (first must be null): "
+                         f"{str(rows)[:200]}", r.status_code)
+    return PromptLogprobs(tuple(_prompt_token(i, row) for i, row in enumerate(rows)))
+
+
+def _prompt_token(position: int, row: dict | None) -> PromptToken:
+    if row is None:
+        return PromptToken(None, None, None, None)
+    if len(row) != 1:
+        raise ApiRefused(f"prompt_logprobs position {position} has {len(row)} entries, not the "
+                         "prompt token's alone (asked with prompt_logprobs=0)", 200)
+    (token_id, entry), = row.items()
+    return PromptToken(int(token_id), entry.get("decoded_token"), float(entry["logprob"]),
+                       entry.get("rank"))
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300]

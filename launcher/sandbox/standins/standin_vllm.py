@@ -43,9 +43,14 @@ What it mimics, for what the kit touches:
   Without /sandbox/mem (SPARKSTACK_SANDBOX_MEMINFO=host, or run outside the sandbox) it only
   waits SANDBOX_VLLM_LOAD_S;
 - `--headless` serves nothing (a multi-node worker rank) until SIGTERM;
-- otherwise the OpenAI API: GET /health, /v1/models, /metrics (vLLM metric names), /version and
-  POST /v1/chat/completions (streaming SSE with usage, reasoning, a needle-answering trick),
-  paced at a configurable token rate, with optional `--api-key`.
+- otherwise the OpenAI API: GET /health, /v1/models, /metrics (vLLM metric names), /version,
+  POST /v1/chat/completions (streaming SSE with usage, thinking as `reasoning` with
+  --reasoning-parser, else inside <think> in the content, a needle-answering trick) and
+  POST /v1/completions (prompt text or token ids, echo, logprobs, prompt_logprobs from
+  standin_lm's small deterministic model), paced at a configurable token rate, with optional
+  `--api-key`. What a request may ask, and the bodies, are vLLM 0.33's (standin_requests.py:
+  a prompt + max_tokens beyond the context shortens max_tokens; a prompt that alone does not
+  fit, max_tokens below 1 or above the context are refused with vLLM's messages).
 
 Environment knobs (all optional):
   SANDBOX_VLLM_VERSION              version string (0.33.0)
@@ -89,8 +94,9 @@ Environment knobs (all optional):
   SANDBOX_VLLM_COMPUTE_CAPABILITY   the GPU's compute capability the attention backend is chosen
                                     for (12.1, a GB10)
 
-Prompt tokens are counted deterministically as round(1.3 x whitespace-separated words) over all
-message texts (at least 1); each generated token is one word.
+Chat prompt tokens are counted deterministically as round(1.3 x whitespace-separated words) over
+all message texts (at least 1); each generated chat token is one word. Completions count
+standin_lm's tokens: one per UTF-8 byte.
 """
 
 from __future__ import annotations
@@ -650,11 +656,14 @@ def spaced(words: list[str]) -> list[str]:
     return [w if i == 0 else " " + w for i, w in enumerate(words)]
 
 
-def plan_tokens(req: dict) -> tuple[list[tuple[str, str]], str]:
+def plan_tokens(req: dict, max_tokens: int | None = None,
+                reasoning_parser: bool = False) -> tuple[list[tuple[str, str]], str]:
     """The reply as [(delta field, text)], one word a token, and its finish_reason. Without
-    max_tokens the canned answer ends naturally ("stop"); with it, exactly max_tokens are
-    generated ("length") unless a needle answer is shorter, which is what benches expect."""
-    max_tokens = req.get("max_tokens") or req.get("max_completion_tokens")
+    max_tokens the canned answer ends naturally ("stop"); with it (what the request asked,
+    shortened to what the context leaves, as vLLM does), exactly max_tokens are generated
+    ("length") unless a needle answer is shorter, which is what benches expect. Thinking is the
+    `reasoning` field with a reasoning parser; without one vLLM leaves it in the content, between
+    the model's <think> tags."""
     kwargs = req.get("chat_template_kwargs") or {}
     thinking = kwargs.get("reasoning_effort") == "high" or req.get("reasoning_effort") == "high"
     needle = find_needle(req.get("messages") or [])
@@ -667,8 +676,15 @@ def plan_tokens(req: dict) -> tuple[list[tuple[str, str]], str]:
     else:
         words = ANSWER
     body = words[:budget - n_reason]
-    tokens = [("reasoning_content", w) for w in spaced(REASONING[:n_reason])]
-    tokens += [("content", w) for w in spaced(body)]
+    thought = spaced(REASONING[:n_reason])
+    answer = spaced(body)
+    if reasoning_parser:
+        tokens = [("reasoning", w) for w in thought] + [("content", w) for w in answer]
+    else:
+        if thought and answer:
+            thought[0] = "<think>" + thought[0]
+            answer[0] = "</think>" + answer[0].lstrip()
+        tokens = [("content", w) for w in thought + answer]
     natural_end = (needle or not max_tokens) and len(body) == len(words)
     return tokens, "stop" if natural_end else "length"
 
@@ -689,6 +705,10 @@ class Engine:
         self.prefill_tps = knob("SANDBOX_VLLM_PREFILL_TOKENS_PER_S", 5000)
         self.accepted = knob("SANDBOX_VLLM_ACCEPTED_PER_DRAFT", 1.5)
         self.malformed = os.environ.get("SANDBOX_VLLM_FAIL") == "malformed"
+        # vLLM splits thinking into `reasoning` only with a reasoning parser; else it is content.
+        self.reasoning_parser = bool(options.get("reasoning_parser"))
+        self.lm = api_modules()[1].Model(checkpoint_seed(model))
+        self.fingerprint = system_fingerprint(options)
         self.lock = threading.Lock()
         self.prompt_total = self.gen_total = self.running = self.ttft_sum = 0
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)  # last slot: +Inf
@@ -736,6 +756,37 @@ class Engine:
                           *counter("vllm:spec_decode_num_accepted_tokens_total", labels,
                                    round(drafts * self.accepted))]
         return "\n".join(lines) + "\n"
+
+
+def api_modules():
+    """standin_requests (vLLM's request rules, the completions body) and standin_lm (the small
+    model behind completions), beside this file."""
+    sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+    import standin_lm
+    import standin_requests
+
+    return standin_requests, standin_lm
+
+
+def checkpoint_seed(model: str) -> int:
+    """The checkpoint's identity for standin_lm: its config.json (none: the model's name)."""
+    try:
+        with open(os.path.join(model, "config.json"), "rb") as f:
+            return api_modules()[1].checkpoint_seed(f.read())
+    except OSError:
+        return api_modules()[1].checkpoint_seed(model.encode())
+
+
+def system_fingerprint(options: dict) -> str:
+    """vLLM's default ("full") fingerprint: version, parallelism above 1, then 8 hex digits of
+    its configuration's hash (here: of the options given)."""
+    parts = [f"vllm-{os.environ.get('SANDBOX_VLLM_VERSION', '0.33.0')}"]
+    for key, tag in (("tensor_parallel_size", "tp"), ("pipeline_parallel_size", "pp"),
+                     ("data_parallel_size", "dp")):
+        if int(options.get(key) or 1) > 1:
+            parts.append(f"{tag}{options[key]}")
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()
+    return "-".join(parts + [digest[:8]])
 
 
 def counter(name: str, labels: str, value: float) -> list[str]:
@@ -804,88 +855,181 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         if not self.authorized(path):
             return
-        if path != "/v1/chat/completions":
+        if path not in ("/v1/chat/completions", "/v1/completions"):
             return self.send_json(404, {"detail": "Not Found"})
+        field = "messages" if path == "/v1/chat/completions" else "prompt"
         try:
             req = json.loads(raw or b"null")
-            assert isinstance(req, dict) and isinstance(req.get("messages"), list)
+            assert isinstance(req, dict) and field in req
+            assert field == "prompt" or isinstance(req["messages"], list)
         except (ValueError, AssertionError):
-            return self.send_json(400, api_error("body must be a JSON object with `messages`", 400))
-        error = self.check(req)
-        if error:
-            return self.send_json(error["error"]["code"], error)
+            return self.send_json(400, api_error(f"body must be a JSON object with `{field}`", 400))
+        requests = api_modules()[0]
+        try:
+            if field == "prompt":
+                job = requests.Completion(req, self.engine.names, self.engine.max_model_len,
+                                          self.engine.lm, " ".join(ANSWER))
+                if req.get("stream") and (job.echo or req.get("prompt_logprobs") is not None):
+                    raise requests.Refused("SANDBOX STAND-IN: streaming with echo or "
+                                           "prompt_logprobs is not implemented", param="stream")
+            else:
+                req = requests.parsed(req)
+                job = self.check(req, requests)
+        except requests.Refused as e:
+            return self.send_json(e.status, e.body)
         with self.engine.lock:
             self.engine.running += 1
         try:
-            self.complete(req, t0)
+            if field == "prompt":
+                self.complete_text(job, t0)
+            else:
+                self.complete(req, job, t0)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away mid-stream; nothing to tell it
         finally:
             with self.engine.lock:
                 self.engine.running -= 1
 
-    def check(self, req: dict) -> dict | None:
-        """The request-level refusals vLLM makes that a client could trip over."""
-        model = req.get("model")
-        if model and model not in self.engine.names:
-            return api_error(f"The model `{model}` does not exist.", 404, "NotFoundError")
-        max_tokens = req.get("max_tokens") or req.get("max_completion_tokens")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            return api_error("max_tokens must be at least 1", 400)
-        prompt = count_prompt_tokens(req["messages"])
+    def check(self, req: dict, requests) -> tuple[int | None, int | None]:
+        """vLLM's checks of a chat request, in its order (standin_requests). Returns max_tokens as
+        asked, shortened to what the context leaves (None if not asked: the answer ends by
+        itself), and that bound (None without a context limit)."""
+        requests.check_model(req.get("model"), self.engine.names)
+        asked = req.get("max_tokens")
+        if asked is None:
+            asked = req.get("max_completion_tokens")
         limit = self.engine.max_model_len
-        if limit and prompt + (max_tokens or 0) > limit:
-            return api_error(f"This model's maximum context length is {limit} tokens. However, "
-                             f"you requested {prompt + (max_tokens or 0)} tokens ({prompt} in the "
-                             f"messages, {max_tokens or 0} in the completion).", 400)
-        return None
-
-    def complete(self, req: dict, t0: float) -> None:
-        tokens, finish = plan_tokens(req)
+        requests.check_max_tokens_param(asked, limit)
         prompt = count_prompt_tokens(req["messages"])
-        usage = {"prompt_tokens": prompt, "completion_tokens": len(tokens),
-                 "total_tokens": prompt + len(tokens)}
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": req.get("model") or self.engine.names[0]}
+        requests.check_prompt_len(prompt, limit, from_text=True)
+        if asked is None and not limit:
+            return None, None
+        bound = requests.effective_max_tokens(asked, prompt, limit, None)
+        return (None if asked is None else bound), bound
+
+    def head(self, prefix: str, model) -> dict:
+        return {"id": f"{prefix}-{uuid.uuid4().hex[:16]}", "created": int(time.time()),
+                "model": model or self.engine.names[0]}
+
+    def complete(self, req: dict, limits: tuple[int | None, int | None], t0: float) -> None:
+        max_tokens, bound = limits
+        tokens, finish = plan_tokens(req, max_tokens, self.engine.reasoning_parser)
+        if bound is not None and len(tokens) > bound:  # an answer longer than the context left
+            tokens, finish = tokens[:bound], "length"
+        prompt = count_prompt_tokens(req["messages"])
+        usage = {"prompt_tokens": prompt, "total_tokens": prompt + len(tokens),
+                 "completion_tokens": len(tokens)}
+        reasoning = sum(1 for field, _ in tokens if field == "reasoning")
+        base = self.head("chatcmpl", req.get("model"))
         paced = self.engine.paced(tokens, prompt, t0)
         if req.get("stream"):
             include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+            if reasoning:
+                usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
             return self.stream(base, paced, len(tokens), finish, usage if include_usage else None)
-        parts: dict[str, str] = {"content": "", "reasoning_content": ""}
+        parts: dict[str, str] = {"content": "", "reasoning": ""}
         for _, (field, text) in paced:
             parts[field] += text
-        message = {"role": "assistant", "content": parts["content"],
-                   "reasoning_content": parts["reasoning_content"] or None}
+        # vLLM 0.33's ChatMessage, every field it serialises
+        message = {"role": "assistant", "content": parts["content"], "refusal": None,
+                   "annotations": None, "audio": None, "function_call": None,
+                   "reasoning": parts["reasoning"] or None}
+        usage.update(prompt_tokens_details=None, completion_tokens_details=(
+            {"reasoning_tokens": reasoning} if reasoning else None))
         body = {**base, "object": "chat.completion", "usage": usage, "choices": [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}]}
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+             "stop_reason": None, "token_ids": None, "routed_experts": None,
+             "weight_versions": None}],
+                "service_tier": None, "system_fingerprint": self.engine.fingerprint,
+                "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         if self.engine.malformed:
             return self.send_body(200, json.dumps(body).encode()[:-7])
         self.send_json(200, body)
 
-    def stream(self, base: dict, paced, n: int, finish: str, usage: dict | None) -> None:
+    def open_stream(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
 
-        def chunk(choices: list, **extra) -> None:
-            self.sse(json.dumps({**base, "object": "chat.completion.chunk", "choices": choices,
-                                 **extra}))
+    def close_stream(self, usage_chunk: dict | None) -> None:
+        if usage_chunk and not self.engine.malformed:
+            self.sse(json.dumps(usage_chunk))
+        self.sse("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")  # end of the chunked body
 
+    def stream(self, base: dict, paced, n: int, finish: str, usage: dict | None) -> None:
+        """vLLM 0.33's chunks: a role chunk, one chunk a token (the last with finish_reason),
+        then the usage chunk when asked, then [DONE]; each with the fields vLLM sends."""
+        self.open_stream()
+        head = {**base, "object": "chat.completion.chunk"}
         for i, (field, text) in paced:
             if i == 0:  # vLLM's first chunk carries the role, with the first output
-                chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None, "finish_reason": None}])
+                self.sse(json.dumps({**head, "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None}], "prompt_token_ids": None, "prompt_text": None}))
                 if self.engine.malformed:
                     self.sse('{"id": "chatcmpl-broken", "choices": [{"delta": {"content": "oo')
                     break
-            chunk([{"index": 0, "delta": {field: text}, "logprobs": None,
-                    "finish_reason": finish if i == n - 1 else None}])
-        if usage and not self.engine.malformed:
-            chunk([], usage=usage)
-        self.sse("[DONE]")
-        self.wfile.write(b"0\r\n\r\n")  # end of the chunked body
+            choice = {"index": 0, "delta": {field: text}, "logprobs": None,
+                      "finish_reason": finish if i == n - 1 else None, "token_ids": None}
+            if i == n - 1:
+                choice.update(stop_reason=None, weight_versions=None)
+            self.sse(json.dumps({**head, "choices": [choice], "kv_transfer_params": None}))
+        self.close_stream(usage and {**head, "choices": [], "usage": usage,
+                                     "system_fingerprint": self.engine.fingerprint})
+
+    def complete_text(self, job, t0: float) -> None:
+        """/v1/completions: standin_lm's tokens and logprobs in vLLM 0.33's body."""
+        requests = api_modules()[0]
+        base = self.head("cmpl", job.req.get("model"))
+        paced = self.engine.paced(job.tokens, len(job.prompt), t0)
+        k_prompt = job.req.get("prompt_logprobs")
+        if k_prompt is None and job.echo and job.k is not None:
+            k_prompt = job.k  # echo with logprobs asks the engine for the prompt's too
+        if job.req.get("stream"):
+            return self.stream_text(job, base, paced)
+        for _ in paced:
+            pass
+        prompt_text = "".join(api_modules()[1].piece(t) for t in job.prompt)
+        text = bytes(job.text_tokens).decode("utf-8", errors="replace")
+        logprobs = None
+        if job.k is not None:
+            logprobs = job.sample_logprobs(0, len(job.tokens), len(prompt_text) if job.echo else 0)
+            if job.echo:
+                echoed = job.echoed_logprobs()
+                logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
+        choice = {"index": 0, "text": prompt_text + text if job.echo else text,
+                  "logprobs": logprobs, "finish_reason": job.finish, "stop_reason": None,
+                  "token_ids": None, "prompt_logprobs": None if k_prompt is None else
+                  job.prompt_logprobs(k_prompt), "prompt_token_ids": None,
+                  "routed_experts": None, "weight_versions": None}
+        self.send_json(200, {**base, "object": "text_completion", "choices": [choice],
+                             "service_tier": None, "system_fingerprint": self.engine.fingerprint,
+                             "usage": requests.usage(len(job.prompt), len(job.tokens)),
+                             "kv_transfer_params": None, "ec_transfer_params": None,
+                             "metrics": None})
+
+    def stream_text(self, job, base: dict, paced) -> None:
+        requests, lm = api_modules()
+        self.open_stream()
+        head = {**base, "object": "text_completion"}
+        offset = 0
+        for i, token in paced:
+            text = lm.piece(token) if token != lm.EOS else ""
+            last = i == len(job.tokens) - 1
+            choice = {"index": 0, "text": text, "logprobs": None if job.k is None else
+                      job.sample_logprobs(i, i + 1, offset), "finish_reason": job.finish if last
+                      else None, "stop_reason": None, "token_ids": None, "prompt_token_ids": None,
+                      "weight_versions": None}
+            offset += len(text)
+            self.sse(json.dumps({**head, "choices": [choice], "kv_transfer_params": None}))
+        include_usage = bool((job.req.get("stream_options") or {}).get("include_usage"))
+        self.close_stream(include_usage and {
+            **head, "choices": [], "system_fingerprint": self.engine.fingerprint,
+            "usage": requests.usage(len(job.prompt), len(job.tokens), details=False)})
 
     def sse(self, data: str) -> None:
         payload = f"data: {data}\n\n".encode()
