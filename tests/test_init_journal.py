@@ -53,6 +53,11 @@ CASES = {
     "kept_address_and_link_state": (
         journal({NETPLAN: OWN}, {"enp1s0f0np0": port(9000, "10.9.0.1/24", up=False)}),
         {"files": {NETPLAN: ABSENT}, "ports": {"enp1s0f0np0": port(1500, "10.9.0.1/24", "192.168.177.1/30")}}),
+    # the same bytes, but another mode and owner (a `chmod 600; chown root` since): written back
+    "same_bytes_other_mode_and_owner": (
+        journal({NETPLAN: OWN}, {}),
+        {"files": {NETPLAN: {**OWN, "mode": "0600", "uid": 0, "gid": 0, "owner": "root", "group": "root"}},
+         "ports": {}}),
     # nothing differs: nothing to do
     "already_as_before": (
         journal({NETPLAN: OWN}, {"enp1s0f0np0": port(1500)}),

@@ -19,6 +19,7 @@ from test_init import bare, rank_sh, sparkstack  # noqa: F401  (the bare sandbox
 pytestmark = pytest.mark.skipif(os.environ.get("SPARKSTACK_NO_SANDBOX") == "1", reason="needs the sandbox")
 
 NETDEVS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
+END = "END-OF-OUTPUT"
 OWN = b"# the owner's own fabric file, kept byte for byte\n\xc3\xa9 network:\n  version: 2\n"
 
 
@@ -30,15 +31,27 @@ def snapshot(state, rank: int) -> dict:
     from launcher.sandbox import cluster
 
     f = cabling.NETPLAN_FILE
-    head = rank_sh(state, rank, f"if [ -e {f} ]; then stat -c '%a %U %G' {f}; base64 -w0 {f}; else echo absent; fi")
-    links = json.loads(rank_sh(state, rank, "ip -j addr show"))
+    head = read_sh(state, rank, f"if [ -e {f} ]; then stat -c '%a %U %G' {f}; base64 -w0 {f}; else echo absent; fi")
+    links = json.loads(read_sh(state, rank, "ip -j addr show"))
     ports = {}
     for link in links:
         if link["ifname"] in NETDEVS:
-            sysfs = rank_sh(state, rank, f"cat {cluster.SYSFS_ROOT}/class/net/{link['ifname']}/mtu").strip()
+            sysfs = read_sh(state, rank, f"cat {cluster.SYSFS_ROOT}/class/net/{link['ifname']}/mtu").strip()
             ports[link["ifname"]] = (link["mtu"], sysfs, "UP" in link["flags"],
                                      [(a["local"], a["prefixlen"]) for a in link["addr_info"] if a["family"] == "inet"])
     return {"file": head, "ports": ports}
+
+
+def read_sh(state, rank: int, script: str) -> str:
+    """A read-only `script`'s output on the rank. Under this host's load `docker exec` has handed
+    back an empty output with exit status 0 (seen for `cat` and `ip -j`): the output must end with
+    a marker, else the script is run again."""
+    for _ in range(3):
+        text = rank_sh(state, rank, f"{script}; echo {END}")
+        if text.endswith(END + "\n"):
+            return text[:-len(END) - 1]
+        time.sleep(1)
+    raise AssertionError(f"rank {rank}: `{script}` printed nothing three times")
 
 
 def snapshots(state, n: int = 4) -> list[dict]:
@@ -75,14 +88,14 @@ def test_init_then_restore_puts_every_rank_back_byte_for_byte(bare, tmp_path, mo
     applied = snapshots(state)
     assert all(a["file"].startswith("600 root root\n") for a in applied)
     assert all(a != b for a, b in zip(applied, before))
-    first = json.loads(rank_sh(state, 1, f"cat {init_journal.RANK_PATH}"))
+    first = json.loads(read_sh(state, 1, f"cat {init_journal.RANK_PATH}"))
     assert first["files"][cabling.NETPLAN_FILE]["content_b64"] == base64.b64encode(OWN).decode()
-    assert rank_sh(state, 1, f"stat -c '%a %U' {init_journal.RANK_PATH}") == "600 root\n"
+    assert read_sh(state, 1, f"stat -c '%a %U' {init_journal.RANK_PATH}") == "600 root\n"
 
     # init again on the journaled ranks: the first journal's before stays, this run is added to it
     res = sparkstack("init", *hosts, *common)
     assert res.returncode == 0, res.stdout + res.stderr
-    second = json.loads(rank_sh(state, 1, f"cat {init_journal.RANK_PATH}"))
+    second = json.loads(read_sh(state, 1, f"cat {init_journal.RANK_PATH}"))
     assert (second["files"], second["ports"], second["created"]) == (first["files"], first["ports"], first["created"])
     assert len(second["runs"]) == 2
     copy = tmp_path / "state" / "sparkstack" / "init-journals" / f"{hosts[1]}.json"
@@ -101,19 +114,35 @@ def test_init_then_restore_puts_every_rank_back_byte_for_byte(bare, tmp_path, mo
     ips = [r["fabric_ips"] for r in doc["ranks"]]
     assert f"  enp1s0f1np1: MTU 9000 -> 1400\n" in got
     for r in range(4):
-        assert f"rank {r} ({names[r]}): journal of {first['created']} (kept on the rank): " in got or r != 1
+        assert f"rank {r} ({names[r]}): journal of {first['created']} (kept on the rank): " in got
         for ip in ips[r]:
             assert f": remove {ip}/30\n" in got
     assert got.count(f"remove {cabling.NETPLAN_FILE}") == 3
     assert snapshots(state) == applied
+
+    # all ranks or none: one rank's journal unreadable, and no rank is changed
+    journal_file = init_journal.RANK_PATH
+    rank_sh(state, 3, f"cp {journal_file} /root/journal && echo '{{' > {journal_file}")
+    res = sparkstack("restore", "-c", str(cfg))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert (f"restore changed nothing, because:\nerror: rank 3 ({names[3]}): {journal_file}: unreadable (Expecting "
+            "property name enclosed in double quotes: line 2 column 1 (char 2)): not a journal this sparkstack can "
+            "read; move it aside (this host's copy then stands in), then restore again") in res.stderr, res.stderr
+    assert snapshots(state) == applied
+    # the rank's journal gone: this host's copy stands in (and is set aside once the rank is back)
+    rank_sh(state, 3, f"rm {journal_file}")
+    res = sparkstack("restore", "-c", str(cfg), "--dry-run")
+    assert f"rank 3 ({names[3]}): journal of {first['created']} (this host's copy: the rank has none): " in res.stdout
 
     res = sparkstack("restore", "-c", str(cfg), "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)
     assert report["applied"] and [r["differences"] for r in report["ranks"]] == [[]] * 4
     assert snapshots(state) == before  # every rank byte for byte as before init
-    retired = rank_sh(state, 0, "ls /var/lib/sparkstack")
+    retired = read_sh(state, 0, "ls /var/lib/sparkstack")
     assert "init-journal.json.restored-" in retired and "init-journal.json\n" not in retired
+    copies = sorted(p.name for p in copy.parent.iterdir())
+    assert len(copies) == 4 and all(".json.restored-" in name for name in copies), copies
 
     # nothing left to restore: said so, nothing changed
     res = sparkstack("restore", "-c", str(cfg))

@@ -152,7 +152,7 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, passwor
     elif apply_network or (new and not yes and click.confirm(
             f"write {cabling.NETPLAN_FILE} on every rank and apply these addresses now?", default=True, err=True)):
         with probe.open_group(loaded) as group:  # what it changes, as it is, before anything changes
-            kept = journal.record(loaded, group, journal.touched(addresses, mtu))
+            kept = journal.record(loaded, group, journal.touched(addresses))
         for r, path in sorted(kept.items()):
             _say(f"journaled rank {r} ({labels[r]}): {jr.RANK_PATH} there, {path} here")
         result["journal"] = {str(r): str(path) for r, path in sorted(kept.items())}

@@ -35,7 +35,7 @@ def _run(conn, args: dict, payload=None) -> dict:
     return json.loads(res.stdout)
 
 
-def touched(addresses: list, mtu: int) -> dict[int, dict]:
+def touched(addresses: list) -> dict[int, dict]:
     """What ansible/fabric.yml changes per rank (bringup.fabric_vars): the netplan file, the ports."""
     return {r: {"files": [cabling.NETPLAN_FILE], "netdevs": sorted({a.netdev for a in addresses if a.rank == r})}
             for r in sorted({a.rank for a in addresses})}
@@ -141,7 +141,8 @@ def _rank_plan(r: int, name: str, got: dict, copy: dict | None) -> RankRestore:
     journal, source = (got["journal"], "rank") if got["journal"] is not None else (copy, "this host's copy")
     rr = RankRestore(r, name, source if journal is not None else None, journal, retired=got["retired"])
     if got["journal_error"]:
-        rr.refusals.append(got["journal_error"])
+        rr.refusals.append(f"{got['journal_error']}: not a journal this sparkstack can read; move it aside "
+                           "(this host's copy then stands in), then restore again")
     if journal is None:
         return rr
     rr.refusals += jr.problems(journal, jr.RANK_PATH if source == "rank" else "this host's copy")
@@ -172,7 +173,7 @@ def apply_restore(loaded, group, plans: list[RankRestore]) -> None:
             continue
         p.error = o.value["error"] and f"{p.name}: {o.value['error']}"
         p.differences = jr.differences(jr.before_state(p.journal), o.value["state"])
-        if o.value["retired"]:
+        if not (p.error or p.differences):  # back as it was: the next init journals afresh
             _retire_host_copy(loaded.cluster.ranks[o.rank])
 
 

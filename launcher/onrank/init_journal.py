@@ -62,7 +62,7 @@ def load_journal(path):
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError) as e:
-        return None, "%s: %s" % (path, e)
+        return None, "%s: unreadable (%s)" % (path, e)
 
 
 def state(files, netdevs):
