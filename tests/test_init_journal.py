@@ -147,3 +147,35 @@ def test_a_journal_of_another_format_or_version_is_refused():
 def test_the_host_copys_name_is_the_ranks_address():
     assert jr.host_copy_name("172.31.242.11", 22) == "172.31.242.11.json"
     assert jr.host_copy_name("spark/1", 2222) == "spark_1_2222.json"
+
+
+def test_restore_refuses_while_the_engine_serves(tmp_path, monkeypatch):
+    """Putting a rank's fabric back under a serving engine breaks its NCCL rings: with the engine
+    running on a rank, `restore` changes nothing and says to stop it first; with none, it applies."""
+    import contextlib
+
+    from click.testing import CliRunner
+
+    from launcher.apply import cluster_lock, deploy, serve
+    from launcher.cli.commands import main
+    from launcher.init import journal
+    from test_check import sandbox_cluster
+
+    doc, now = CASES["created_file_and_addressed_ports"]
+    actions, _ = jr.restore_plan(doc, now)
+    plans = [journal.RankRestore(0, "rank 0 (spark1)", "rank", doc, actions)]
+    applied = []
+    states = [serve.RankState(0, "172.31.240.11", "running", image="img:1")]
+    monkeypatch.setattr(deploy, "group_for", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(cluster_lock, "held", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(journal, "plan_restore", lambda loaded, group: plans)
+    monkeypatch.setattr(serve, "states", lambda group: states)
+    monkeypatch.setattr(journal, "apply_restore", lambda loaded, group, p: applied.append(p))
+    cfg = str(sandbox_cluster(tmp_path).path)
+    result = CliRunner().invoke(main, ["restore", "-c", cfg])
+    assert result.exit_code == 1 and applied == [], result.output
+    assert ("error: restore changed nothing: the engine serves on rank 0 (172.31.240.11), over the fabric it "
+            "would put back; `sparkstack down` first, then restore") in result.output
+    states[0] = serve.RankState(0, "172.31.240.11", "exited", exit_code=0)
+    result = CliRunner().invoke(main, ["restore", "-c", cfg])
+    assert result.exit_code == 0 and applied == [plans], result.output

@@ -30,7 +30,7 @@ def restore(loaded, trust_new_hosts, wait_lock, dry_run, as_json):
     \b
     See first: sparkstack restore --dry-run
     """
-    from ..apply import cluster_lock, deploy
+    from ..apply import cluster_lock, deploy, serve
     from ..init import journal
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
@@ -46,7 +46,12 @@ def restore(loaded, trust_new_hosts, wait_lock, dry_run, as_json):
         if all(p.journal is None for p in plans):
             raise SparkstackError("no rank has an init journal: `sparkstack init --apply` changed none of them "
                                   "(or a restore already put them back), so there is nothing to restore")
-        with cluster_lock.held(loaded, group, wait_lock, say):
+        with cluster_lock.held(loaded, group, wait_lock, say):  # no `up` starts meanwhile
+            serving = [s for s in serve.states(group) if s.state == "running"]
+            if serving:
+                raise SparkstackError("restore changed nothing: the engine serves on "
+                                      + ", ".join(f"rank {s.rank} ({s.host})" for s in serving)
+                                      + ", over the fabric it would put back; `sparkstack down` first, then restore")
             journal.apply_restore(loaded, group, plans)
     _show(plans, as_json, done=True)
     bad = [p for p in plans if p.error or p.differences]
