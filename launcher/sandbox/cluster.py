@@ -794,6 +794,7 @@ def _bare_rank(container, password: str) -> None:
               "kill -HUP $(pgrep -o -x sshd) && "
               # every `up --bare` is a Spark before `init` again: no key, no fabric address
               f": > /home/{USER}/.ssh/authorized_keys && rm -f /etc/netplan/60-sparkstack-fabric.yaml && "
+              "rm -rf /var/lib/sparkstack && "  # no init journal either
               f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER} && chmod 0440 /etc/sudoers.d/{USER} && "
               f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; "
               f"ip link set dev $d mtu {links.BARE_MTU} 2>/dev/null; done; true")
