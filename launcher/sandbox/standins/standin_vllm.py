@@ -720,7 +720,7 @@ class Engine:
         self.wedged_at = time.monotonic() if os.environ.get("SANDBOX_VLLM_FAIL") == "wedge" else None
         self.lock = threading.Condition()
         self.running: list[Ticket] = []
-        self.waiting = 0
+        self.queue: list[Ticket] = []  # waiting, in arrival order
         self.prompt_total = self.gen_total = 0
         self.created = time.time()
         self.success = dict.fromkeys(standin_metrics.FINISH_REASONS, 0)
@@ -750,18 +750,21 @@ class Engine:
         return min(1.0, blocks * KV_BLOCK / self.kv_tokens) if self.kv_tokens > 0 else 0.0
 
     def admit(self, ticket: Ticket) -> bool:
-        """Wait until the scheduler takes the request; False when the server stops meanwhile."""
+        """Wait until the scheduler takes the request, first come first served as vLLM's default
+        policy (a request that does not fit holds up those behind it); False when the server
+        stops meanwhile."""
         with self.lock:
-            self.waiting += 1
+            self.queue.append(ticket)
             try:
-                while (self.wedged_at is not None or len(self.running) >= self.max_num_seqs
-                       or self.kv_usage(time.monotonic()) * self.kv_tokens + ticket.prompt > self.kv_tokens
-                       and self.running):
+                while (self.queue[0] is not ticket or self.wedged_at is not None
+                       or len(self.running) >= self.max_num_seqs or self.running and
+                       self.kv_usage(time.monotonic()) * self.kv_tokens + ticket.prompt > self.kv_tokens):
                     if STOP.is_set():
                         return False
                     self.lock.wait(0.2)
             finally:
-                self.waiting -= 1
+                self.queue.remove(ticket)
+                self.lock.notify_all()
             ticket.admitted = time.monotonic()
             self.running.append(ticket)
             return True
@@ -814,8 +817,8 @@ class Engine:
         with self.lock:
             values = {
                 "vllm:num_requests_running": [({}, len(self.running))],
-                "vllm:num_requests_waiting": [({}, self.waiting)],
-                "vllm:num_requests_waiting_by_reason": [({"reason": "capacity"}, self.waiting),
+                "vllm:num_requests_waiting": [({}, len(self.queue))],
+                "vllm:num_requests_waiting_by_reason": [({"reason": "capacity"}, len(self.queue)),
                                                         ({"reason": "deferred"}, 0)],
                 "vllm:engine_sleep_state": [({"sleep_state": "awake"}, 1),
                                             ({"sleep_state": "weights_offloaded"}, 0),
