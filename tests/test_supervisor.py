@@ -9,6 +9,7 @@ probe waiting behind them, tokens still coming) is not counted as a wedge."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import signal
 import subprocess
@@ -144,34 +145,41 @@ def completion(cfg: str, max_tokens: int = 4, timeout: float = 60) -> httpx.Resp
                             "messages": [{"role": "user", "content": "Tell me about four machines."}]})
 
 
+@contextlib.contextmanager
+def supervising(cfg: str, tmp_path):
+    """`up --keep` while the block runs, serving first; then SIGTERM: yields a dict that gets
+    the supervisor's `output` once it stopped."""
+    keep, ran = start_keep(cfg), {}
+    try:
+        wait_for(tmp_path, keep, lambda e: any(x["event"] == "serving" for x in e))
+        yield keep, ran
+        keep.send_signal(signal.SIGTERM)
+        ran["output"] = keep.communicate(timeout=60)[0]
+    finally:
+        if keep.poll() is None:
+            keep.kill()
+
+
 def test_a_wedged_engine_is_found_by_its_tokens_and_brought_back(sandbox, keep_cfg, tmp_path):
     """Rank 0's scheduler wedges (the stand-in's SIGUSR1): /health keeps answering, so only token
     progress shows it; within grace + stalled_checks intervals (+ the checks' own time) the
     supervisor names rank 0 and the figures, re-deploys every rank, and a completion answers."""
-    keep = start_keep(keep_cfg)
-    try:
-        wait_for(tmp_path, keep, lambda e: any(x["event"] == "serving" for x in e))
+    with supervising(keep_cfg, tmp_path) as (keep, ran):
         assert completion(keep_cfg).status_code == 200
         assert sandbox.run("spark1", "docker kill -s USR1 sparkstack-engine")[0] == 0
         wedged = time.monotonic()
-        seen = wait_for(tmp_path, keep, lambda e: any(x["event"] == "failure" for x in e), limit_s=60)
+        wait_for(tmp_path, keep, lambda e: any(x["event"] == "failure" for x in e), limit_s=60)
         found = time.monotonic() - wedged
         seen = wait_for(tmp_path, keep, lambda e: [x["event"] for x in e].count("serving") == 2)
         answered = completion(keep_cfg)
-        keep.send_signal(signal.SIGTERM)
-        output, _ = keep.communicate(timeout=60)
-    finally:
-        if keep.poll() is None:
-            keep.kill()
-    kinds = [x["event"] for x in seen]
-    assert kinds == ["started", "serving", "failure", "restart", "serving"], seen
+    assert [x["event"] for x in seen] == ["started", "serving", "failure", "restart", "serving"], seen
     cause = seen[2]["cause"]
     assert cause.startswith("rank 0 (spark1): wedged: no token produced for 3 check(s) in a row"), cause
     assert "vllm:generation_tokens_total stayed at" in cause and "/health still answers" in cause, cause
     # grace (2 s) + 3 stalled intervals of >= 1 s, each after a container check over SSH
     assert found < LIVENESS["grace_s"] + 4 * (LIVENESS["stalled_checks"] + 1), found
     assert answered.status_code == 200, answered.text
-    assert "Traceback" not in output
+    assert "Traceback" not in ran["output"]
 
 
 def test_a_busy_engine_is_not_a_wedge(sandbox, keep_cfg, tmp_path):
@@ -181,22 +189,15 @@ def test_a_busy_engine_is_not_a_wedge(sandbox, keep_cfg, tmp_path):
     data = yaml.safe_load(open(keep_cfg))
     data.setdefault("overrides", {})["env"] = {"SANDBOX_VLLM_TOKENS_PER_S": "10"}
     Path(keep_cfg).write_text(yaml.safe_dump(data))
-    keep = start_keep(keep_cfg)
-    try:
-        wait_for(tmp_path, keep, lambda e: any(x["event"] == "serving" for x in e))
+    with supervising(keep_cfg, tmp_path) as (keep, ran):
         time.sleep(LIVENESS["grace_s"] + 1)
         with cf.ThreadPoolExecutor(12) as pool:  # two waves of 40-token answers: ~8 s of load
             answers = list(pool.map(lambda _: completion(keep_cfg, max_tokens=40), range(16)))
         time.sleep(3 * LIVENESS["interval_s"])
         seen = events(tmp_path)
-        keep.send_signal(signal.SIGTERM)
-        output, _ = keep.communicate(timeout=60)
-    finally:
-        if keep.poll() is None:
-            keep.kill()
     assert [a.status_code for a in answers] == [200] * 16
     kinds = [x["event"] for x in seen]
     assert "failure" not in kinds and "restart" not in kinds, seen
     busy = [x for x in seen if x["event"] == "busy"]
     assert busy and "the liveness probe waits" in busy[0]["detail"] and "tokens in" in busy[0]["detail"], seen
-    assert "busy, not wedged" in output and "Traceback" not in output, output
+    assert "busy, not wedged" in ran["output"] and "Traceback" not in ran["output"], ran["output"]
