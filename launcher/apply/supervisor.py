@@ -1,7 +1,8 @@
 """`up --keep`: bring the cluster up, then keep it serving.
 
 In TP4 one dead rank (an engine crash, a rank rebooted, an NCCL timeout) leaves the API hung or
-dead. The supervisor checks every rank's container and the API every `keep.check_interval_s`;
+dead. The supervisor checks every rank's container and the API every `keep.check_interval_s`, and
+the engine's token progress (launcher/apply/liveness.py: a wedged engine still answers /health);
 on a failure it re-deploys all or nothing (down on every rank, wait for memory, up) after a
 backoff that doubles up to `keep.backoff_max_s`, and gives up -- every rank stopped, the rank and
 cause named -- after `keep.max_restarts_per_hour`. Every event goes to a JSON-lines log (`status`
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import deploy, serve
+from . import deploy, liveness, serve
 from .cluster_lock import LockLost, ensure_held
 from ..errors import Interrupted, SparkstackError
 from ..inputs import apikey
@@ -95,6 +96,13 @@ def summary(path: Path) -> dict | None:
             "last_cause_at": causes[-1]["at"] if causes else None, "log": str(path)}
 
 
+def _liveness_note(s) -> str:
+    if not s.enabled:
+        return "; liveness from token progress off (keep.liveness.enabled)"
+    return (f", and token progress every {s.interval_s:g} s after {s.grace_s:g} s: "
+            f"{s.stalled_checks} stalled checks in a row are a wedge")
+
+
 @dataclass
 class Supervisor:
     loaded: Loaded
@@ -119,7 +127,7 @@ class Supervisor:
                 deploy.up(self.loaded, self.group, restart=restart, wait_timeout=self.wait_timeout, say=self.say)
                 self.log.add("serving")
                 self.say("serving; watching every rank and the API "
-                         f"(every {self.settings.check_interval_s:g} s)")
+                         f"(every {self.settings.check_interval_s:g} s){_liveness_note(self.settings.liveness)}")
                 backoff = self.settings.backoff_s
                 cause = self._watch()
                 self.log.add("failure", cause=cause)
@@ -160,6 +168,8 @@ class Supervisor:
         """Until something fails: the cause, naming the rank where there is one."""
         misses, last = 0, ""
         endpoint = api.endpoint(self.loaded)
+        live = liveness.Watch(endpoint, self.settings.liveness) if self.settings.liveness.enabled else None
+        busy = False
         try:
             while True:
                 self.sleep(self.settings.check_interval_s)
@@ -171,8 +181,23 @@ class Supervisor:
                 if misses >= self.settings.api_failures:
                     return (f"the API at {endpoint.url} did not answer {misses} checks in a row ({last}); "
                             "every rank's container still runs")
+                if ok and live and live.due():
+                    wedged, busy = self._judge_liveness(live, busy)
+                    if wedged:
+                        return wedged
         except KeyboardInterrupt:
             self.log.add("stopped")
             raise Interrupted("stopped supervising; the cluster keeps serving "
                               "(`sparkstack down` stops it)") from None
 
+    def _judge_liveness(self, live: liveness.Watch, was_busy: bool) -> tuple[str | None, bool]:
+        """One look at rank 0's token progress: the cause when wedged; whether it is busy now
+        (a probe waiting behind real load, logged once per busy spell, never counted)."""
+        verdict = live.look()
+        if verdict.state == "wedged":
+            rank0 = self.loaded.cluster.ranks[0]
+            return f"rank 0 ({rank0.label}): wedged: {verdict.why}", False
+        if verdict.state == "busy" and not was_busy:
+            self.log.add("busy", detail=verdict.why)
+            self.say(f"busy, not wedged: {verdict.why}")
+        return None, verdict.state == "busy"

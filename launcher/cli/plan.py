@@ -42,7 +42,7 @@ def plan(loaded, as_json, show_secrets, offline):
         result.assumed.append(note)
     source = "config" if click.get_current_context().params["profile_name"] is None else "--profile"
     data = {"profile": {"name": loaded.profile.name, "source": source},
-            **result.to_json(reveal_secrets=show_secrets)}
+            **result.to_json(reveal_secrets=show_secrets), "keep": loaded.cluster.keep.model_dump()}
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -71,6 +71,8 @@ def _print_plan(loaded, result, data, show_secrets: bool) -> None:
         _print_kv_policy(sizing, data["kv"])
     if result.guard:
         _print_guard(result.guard)
+    out.print("\n[bold]keep[/]    ", end="")
+    out.print(f"up --keep: {loaded.cluster.keep.describe()}", markup=False)
     if result.assumed:
         out.print("\n[bold yellow]assumed[/] (not read from the cluster):")
         for line in result.assumed:

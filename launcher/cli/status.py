@@ -17,8 +17,8 @@ from .shared import json_option, print_ranks, trust_option, with_cluster
 @trust_option()
 def status(loaded, as_json, trust_new_hosts):
     """Per rank: the serving container's state and uptime, the rank's MemAvailable now, its
-    image, and the API on rank 0; with a supervisor (`up --keep`), its restarts and the last
-    cause it found."""
+    image, and the API on rank 0; with a supervisor (`up --keep`), its restarts, the last
+    cause it found and its settings (keep: in the config, liveness included)."""
     from ..transport import api
     from ..apply import deploy, engine_caches, prep, serve
 
@@ -35,7 +35,8 @@ def status(loaded, as_json, trust_new_hosts):
                        "compile_cache": cache.get(s.rank) if isinstance(cache.get(s.rank), dict) else None}
                       for s in states],
             "api": {"url": ep.url, "healthy": api.health(ep)},
-            "keep": supervisor.summary(supervisor.log_path(loaded))}
+            "keep": supervisor.summary(supervisor.log_path(loaded)),
+            "keep_settings": loaded.cluster.keep.model_dump()}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
@@ -46,6 +47,7 @@ def status(loaded, as_json, trust_new_hosts):
             out.print(f"supervisor (up --keep): {k['restarts']} restart(s)"
                       + (f"; last cause at {k['last_cause_at']}: {k['last_cause']}" if k["last_cause"] else ""),
                       markup=False)
+            out.print(f"  settings: {loaded.cluster.keep.describe()}", markup=False)
     if all(s.state == "unreachable" for s in states):
         raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")

@@ -241,15 +241,38 @@ class MemoryGuardSettings(Strict):
     cooldown_s: float = Field(5.0, ge=0, le=600)  # between two reliefs on one rank
 
 
+class LivenessSettings(Strict):
+    """`up --keep`'s liveness (launcher/apply/liveness.py): every interval_s a one-token
+    completion and a read of rank 0's /metrics; after grace_s from the start of serving,
+    stalled_checks intervals in a row with requests running or waiting and no token produced
+    (nor KV-cache usage moved, nor the probe answered) is a wedge: re-deployed like a crash."""
+
+    enabled: bool = True
+    interval_s: float = Field(30.0, gt=0, le=3600)
+    grace_s: float = Field(300.0, ge=0)  # the first requests after a start may wait on warm-up
+    stalled_checks: int = Field(6, ge=1)  # 6 x 30 s: three minutes without a token while asked
+
+
 class KeepSettings(Strict):
     """`up --keep` (launcher/apply/supervisor.py): how often it looks, how it backs off, when it
-    gives up."""
+    gives up, and how it judges liveness."""
 
     check_interval_s: float = Field(10.0, gt=0, le=3600)
     api_failures: int = Field(3, ge=1)  # /health checks missed in a row that count as a failure
     backoff_s: float = Field(30.0, ge=0)  # before the first re-deploy; doubled after each
     backoff_max_s: float = Field(600.0, ge=0)
     max_restarts_per_hour: int = Field(6, ge=0)
+    liveness: LivenessSettings = LivenessSettings()
+
+    def describe(self) -> str:
+        """One line for `plan` and `status`."""
+        live = self.liveness
+        judged = (f"liveness every {live.interval_s:g} s after {live.grace_s:g} s: {live.stalled_checks} "
+                  "checks in a row with requests and no token are a wedge" if live.enabled else
+                  "liveness from token progress off")
+        return (f"every {self.check_interval_s:g} s each rank's container and /health "
+                f"({self.api_failures} misses fail); {judged}; re-deploy after {self.backoff_s:g} s "
+                f"(doubling to {self.backoff_max_s:g} s), at most {self.max_restarts_per_hour} an hour")
 
 
 class Overrides(Strict):
