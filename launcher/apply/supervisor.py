@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import deploy, serve
+from . import deploy, prep, serve, servguard
 from .cluster_lock import LockLost, ensure_held
 from ..errors import Interrupted, SparkstackError
 from ..inputs import apikey
@@ -136,8 +136,30 @@ class Supervisor:
             backoff = min(backoff * 2, self.settings.backoff_max_s)
             self.log.add("restart", attempt=len(self.restarts))
             ensure_held()  # another operator's cluster now, if its lock lapsed: not ours to re-deploy
-            deploy.down(self.loaded, self.group, say=self.say)  # all or nothing: every rank, memory back
+            self._down_until_memory_back()
             restart = True
+
+    def _down_until_memory_back(self) -> None:
+        """All or nothing: every rank stopped, then every rank's MemAvailable back to the plan's
+        figure within memory_guard.serving.memory_back_s. A rank that keeps its memory (a leak
+        the engine's exit did not free) stays out: re-deploying onto it would loop (issue 29)."""
+        wait = self.loaded.cluster.memory_guard.serving.memory_back_s
+        try:
+            deploy.down(self.loaded, self.group, say=self.say, wait_timeout=wait)
+        except prep.PrepError as e:
+            cause = "a rank did not give its memory back after its engine stopped; " + e.message
+            self.log.add("gave up", cause=cause)
+            raise GaveUp(f"giving up: {cause}
+every rank's engine is stopped; fix that rank (a reboot "
+                         "frees what a dead engine leaked), then `sparkstack up --keep` again") from None
+
+    def _say_guard_events(self, feed: servguard.EventFeed) -> None:
+        """Each rank's memory guard events since the last look: said and logged."""
+        for host, event in feed.new():
+            self.say(f"{host}: {servguard.describe(event)}")
+            self.log.add("memory guard", rank=host, guard_event=event["event"],
+                         detail=servguard.describe(event),
+                         **{k: event[k] for k in ("avail", "free") if k in event})
 
     def _count_or_give_up(self, cause: str) -> None:
         now = time.monotonic()
@@ -160,12 +182,15 @@ class Supervisor:
         """Until something fails: the cause, naming the rank where there is one."""
         misses, last = 0, ""
         endpoint = api.endpoint(self.loaded)
+        guard = servguard.EventFeed(self.group, self.loaded.cluster.memory_guard.serving)
+        guard.new()  # what the ranks' guards recorded before this start is not news
         try:
             while True:
                 self.sleep(self.settings.check_interval_s)
+                self._say_guard_events(guard)
                 dead = [s for s in serve.states(self.group) if s.state != "running"]
                 if dead:
-                    return "; ".join(serve.diagnose(self.group, s) for s in dead)
+                    return "; ".join(servguard.diagnose(self.group, s, guard.settings) for s in dead)
                 ok, last = api.health_check(endpoint, timeout=10)
                 misses = 0 if ok else misses + 1
                 if misses >= self.settings.api_failures:
