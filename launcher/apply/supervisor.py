@@ -149,8 +149,7 @@ class Supervisor:
         except prep.PrepError as e:
             cause = "a rank did not give its memory back after its engine stopped; " + e.message
             self.log.add("gave up", cause=cause)
-            raise GaveUp(f"giving up: {cause}
-every rank's engine is stopped; fix that rank (a reboot "
+            raise GaveUp(f"giving up: {cause}\nevery rank's engine is stopped; fix that rank (a reboot "
                          "frees what a dead engine leaked), then `sparkstack up --keep` again") from None
 
     def _say_guard_events(self, feed: servguard.EventFeed) -> None:
