@@ -207,7 +207,7 @@ def test_a_rank_that_keeps_its_memory_ends_in_giving_up(sandbox, guarded, tmp_pa
     try:
         wait_for(lambda: serving(tmp_path) == 1, "serving", process=keep)
         meminfo.squeeze_available(sandbox.state_dir, "spark3", 2 * GIB)
-        output, _ = keep.communicate(timeout=300)
+        output, _ = keep.communicate(timeout=150)
     finally:
         if keep.poll() is None:
             keep.kill()
