@@ -240,3 +240,21 @@ def test_the_guard_works_with_the_control_host_gone(sandbox, guarded, tmp_path):
     assert states(guarded)[1] == "exited"
     shown = cli("logs", "-c", guarded, "--rank", "1", "--guard")
     assert shown.exit_code == 0 and '"event": "hard"' in shown.output
+
+
+def test_a_ranks_record_read_back_names_the_stop_of_the_container_there_now():
+    """What `status` and the supervisor read from a rank (servguard.parse): the hard floor's
+    event counts for the container there now only, and reads with its floor and figures; a line
+    cut short by a reset is skipped, not fatal."""
+    from launcher.apply import servguard
+
+    old = {"event": "hard", "at": 1764637200.0, "container_id": "old", "avail": 1 * GIB, "free": GIB,
+           "hard_available": 3 * GIB}
+    now = dict(old, container_id="new", avail=2 * GIB + GIB // 10, free=2 * GIB, at=1764637260.5)
+    text = "idle\ncontainer new\n" + "\n".join(json.dumps(e) for e in (old, now)) + '\n{"event": "rel'
+    guard = servguard.parse(0, "rank 0 (spark1)", text)
+    assert not guard.watching and guard.container_id == "new" and len(guard.events) == 2
+    assert guard.stopped_engine() == now
+    assert servguard.describe(now) == ("the memory guard stopped its engine at 01:01:00 UTC: MemAvailable 2.1 GiB, "
+                                       "MemFree 2.0 GiB, under the hard floor of 3 GiB")
+    assert servguard.parse(0, "rank 0 (spark1)", "watching\ncontainer old\n" + json.dumps(now)).stopped_engine() is None

@@ -20,9 +20,11 @@ from .shared import trust_option, with_cluster
 @click.option("--guard", is_flag=True,
               help="the rank's memory guard events while serving instead (JSON lines, with MemAvailable and MemFree)")
 def logs(loaded, trust_new_hosts, rank, follow, tail, guard):
-    """Show a rank's serving container log, or (--guard) what the rank's memory guard did while
-    serving: each cache drop and engine stop, with the memory figures, as it recorded them on the
-    rank (~/.cache/sparkstack/memguard/events.jsonl)."""
+    """Show a rank's serving container log, or its memory guard's record.
+
+    --guard: what the rank's memory guard did while serving (each cache drop and engine stop,
+    with MemAvailable and MemFree), as it recorded them on the rank, in JSON lines
+    (~/.cache/sparkstack/memguard/events.jsonl)."""
     from ..apply import deploy, servguard
     from ..plan.cluster_plan import CONTAINER_NAME
 

@@ -17,8 +17,9 @@ from .shared import json_option, print_ranks, trust_option, with_cluster
 @trust_option()
 def status(loaded, as_json, trust_new_hosts):
     """Per rank: the serving container's state and uptime, the rank's MemAvailable now, its
-    image, and the API on rank 0; with a supervisor (`up --keep`), its restarts and the last
-    cause it found."""
+    image, and the API on rank 0; each rank's memory guard while serving (watching or not, its
+    latest cache drops and engine stops, with the figures); with a supervisor (`up --keep`), its
+    restarts and the last cause it found."""
     from ..transport import api
     from ..apply import deploy, engine_caches, prep, serve, servguard
 
