@@ -4,8 +4,12 @@ In TP4 one dead rank (an engine crash, a rank rebooted, an NCCL timeout) leaves 
 dead. The supervisor checks every rank's container and the API every `keep.check_interval_s`;
 on a failure it re-deploys all or nothing (down on every rank, wait for memory, up) after a
 backoff that doubles up to `keep.backoff_max_s`, and gives up -- every rank stopped, the rank and
-cause named -- after `keep.max_restarts_per_hour`. Every event goes to a JSON-lines log (`status`
-shows the restarts and the last cause) and a Prometheus textfile a node exporter can scrape.
+cause named -- after `keep.max_restarts_per_hour`, or at once when a rank's memory does not come
+back after the stop (memory_guard.serving.memory_back_s): re-deploying onto a leak would loop.
+Each rank's memory guard (servguard.py) runs on the rank itself; the supervisor logs its events
+and, when the guard stopped an engine, names the rank, the floor and the figures in the cause.
+Every event goes to a JSON-lines log (`status` shows the restarts and the last cause) and a
+Prometheus textfile a node exporter can scrape.
 SIGTERM or Ctrl+C while it watches: it stops watching and leaves the cluster serving.
 """
 
