@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 SPARKSTACK = str(Path(sys.executable).parent / "sparkstack")
 
 from launcher.inputs import apikey, config  # noqa: E402
-from launcher.sandbox import cluster as sandbox_cluster, meminfo  # noqa: E402
+from launcher.sandbox import meminfo  # noqa: E402
 from launcher.transport import api  # noqa: E402
 
 GIB = 1 << 30
@@ -82,9 +82,10 @@ def answers_ssh(rank: str) -> bool:
     return subprocess.run(["docker", "exec", f"sparkstack-{rank}", "true"]).returncode == 0
 
 
-def squeeze_once(rank: str, hard_gib: float, endpoint, log_dir: Path, served_before: int) -> tuple[float, float]:
-    """(squeeze -> engine stopped, squeeze -> API answers again) in seconds."""
-    state = sandbox_cluster.state_dir_default()
+def squeeze_once(state: Path, rank: str, hard_gib: float, endpoint, log_dir: Path,
+                 served_before: int) -> tuple[float, float]:
+    """(squeeze -> engine stopped, squeeze -> API answers again) in seconds; `state`: the sandbox's
+    state dir (its memory model)."""
     squeezed = time.monotonic()
     meminfo.squeeze_available(state, rank, int((hard_gib - 1) * GIB))
     while engine_running(rank):
@@ -113,7 +114,8 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-keep-"))
     os.environ["XDG_STATE_HOME"] = str(work / "state")  # its own log and API key
-    data = yaml.safe_load(sandbox_config().read_text())
+    sandbox_cfg = sandbox_config()
+    data = yaml.safe_load(sandbox_cfg.read_text())
     data["keep"] = {"check_interval_s": args.interval, "api_failures": 2, "backoff_s": args.backoff,
                     "backoff_max_s": args.backoff, "max_restarts_per_hour": args.kills + args.squeezes + 1}
     cfg = work / "cluster.yaml"
@@ -141,7 +143,7 @@ def main() -> None:
         for i in range(1, args.squeezes + 1):
             time.sleep(args.interval)
             served = [e["event"] for e in events(log_dir)].count("serving")
-            squeezes.append(squeeze_once(args.rank, hard_gib, endpoint, log_dir, served))
+            squeezes.append(squeeze_once(sandbox_cfg.parent, args.rank, hard_gib, endpoint, log_dir, served))
     finally:
         keep.send_signal(signal.SIGTERM)
         keep.wait(timeout=60)
