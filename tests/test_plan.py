@@ -31,9 +31,12 @@ def test_plan_matches_golden(write_config, profile, monkeypatch, golden):
 
 def test_plan_json_shape(write_config):
     data = plan_json(write_config())
-    assert set(data) == {"profile", "ranks", "kv", "vllm_guard", "api", "load", "assumed", "notes", "keep"}
+    assert set(data) == {"profile", "ranks", "kv", "vllm_guard", "api", "load", "assumed", "notes", "keep",
+                         "memory_guard_serving"}
     assert data["keep"]["liveness"] == {"enabled": True, "interval_s": 30.0, "grace_s": 300.0,
                                         "stalled_checks": 6}
+    assert data["memory_guard_serving"]["soft_free_gib"] == 6.0  # the defaults shown (config.py says why)
+    assert data["memory_guard_serving"]["hard_available_gib"] == 3.0
     assert data["profile"] == {"name": "keys-1m-dcp4", "source": "config"}
     assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens", "policy",
                                "target", "free_floor", "per_rank"}

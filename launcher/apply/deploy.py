@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import load_progress, memguard, prep, serve
+from . import load_progress, memguard, prep, serve, servguard
 from .cluster_lock import ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
@@ -115,6 +115,8 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
     report.steps.append("the API answers")
+    if servguard.start(loaded, group, say=say):  # the rank's own guard from now on (issue 29)
+        report.steps.append("the memory guard watches every rank")
     report.seconds = time.monotonic() - started
     return report
 

@@ -28,6 +28,9 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     While the engines load, a watcher on every rank drops page caches below the soft floor
     of MemFree and stops the cluster below the hard floor of MemAvailable (memory_guard in
     the config); `up` prints each rank's lowest MemAvailable (--json: the whole timeline).
+    Once the API answers, a guard on every rank itself takes over for as long as that rank's
+    engine runs, with or without this host: it drops caches below memory_guard.serving's soft
+    floor and stops that rank's engine below its hard floor (`status`, `logs --guard`).
     A failed check starts nothing. If any rank fails to start, every rank is stopped and each
     failed rank is shown with its exit code and last log lines. A cluster already running as
     planned is left alone: `up` then changes nothing (use --restart to force).
@@ -35,7 +38,8 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     second one exits without waiting for that.
     --keep: after that, watch every rank's container and the API (keep.check_interval_s); on a
     failure, re-deploy on every rank after a backoff (keep.backoff_s, doubling), and give up with
-    every rank stopped after keep.max_restarts_per_hour. Events go to a log `status` reads, and
+    every rank stopped after keep.max_restarts_per_hour, or when a rank's memory does not come
+    back (memory_guard.serving.memory_back_s). Events go to a log `status` reads, and
     a Prometheus textfile beside it. Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
     from ..apply import cluster_lock, deploy

@@ -229,16 +229,45 @@ class ContainerSettings(Strict):
     cache_dir: Annotated[MountPath, AfterValidator(_own_cache_root)] | None = "/var/cache/sparkstack"
 
 
+class ServingGuardSettings(Strict):
+    """The memory guard on every rank while the engine serves (launcher/apply/servguard.py:
+    detached on the rank, events in a file there): below soft_free_gib of MemFree it drops page
+    caches and compacts memory; below hard_available_gib of MemAvailable it stops that rank's
+    engine, so the box survives instead of freezing. Defaults: the seeds keep ~9-15 GB (8.4-14
+    GiB) free on every Spark while serving (the plan's free_floor_gib, 8 GiB, is that figure's
+    floor), so MemFree under 6 GiB means something beyond the plan (page cache, a long prefill)
+    eats that margin, worth a drop; under 3 GiB of MemAvailable -- the load-time hard floor --
+    the next prefill chunk can no longer be served from unified memory (NV_ERR_NO_MEMORY, then
+    a hard reset: vLLM issues 46307/56824, dgx-spark-playbooks #97)."""
+
+    enabled: bool = True
+    soft_free_gib: Gib = 6.0
+    hard_available_gib: Gib = 3.0
+    interval_s: float = Field(1.0, gt=0, le=60)
+    cooldown_s: float = Field(30.0, ge=0, le=3600)  # between two reliefs on one rank
+    # before `up --keep` re-deploys: how long every rank may take to give its memory back
+    memory_back_s: float = Field(120.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _floors_in_order(self):
+        if self.hard_available_gib >= self.soft_free_gib:
+            raise ValueError(f"hard_available_gib ({self.hard_available_gib:g}) must be below soft_free_gib "
+                             f"({self.soft_free_gib:g}): the cache drop comes first, stopping the engine last")
+        return self
+
+
 class MemoryGuardSettings(Strict):
     """The load-time memory guard on every rank (launcher/apply/memguard.py), from the start of
     the engines until the API answers: below soft_free_gib of MemFree it drops page caches and
-    compacts memory; below hard_available_gib of MemAvailable it stops the cluster."""
+    compacts memory; below hard_available_gib of MemAvailable it stops the cluster. `serving`:
+    the guard that takes over on each rank once the API answers."""
 
     enabled: bool = True
     soft_free_gib: Gib = 8.0
     hard_available_gib: Gib = 3.0
     interval_s: float = Field(1.0, gt=0, le=60)
     cooldown_s: float = Field(5.0, ge=0, le=600)  # between two reliefs on one rank
+    serving: ServingGuardSettings = ServingGuardSettings()
 
 
 class LivenessSettings(Strict):

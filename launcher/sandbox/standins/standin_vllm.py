@@ -91,6 +91,8 @@ Environment knobs (all optional):
                                     cache warm (VLLM_CACHE_ROOT, default ~/.cache/vllm, holding
                                     this model's compiled graphs) it is skipped, as vLLM does
   SANDBOX_VLLM_MEM_DIR              the rank's memory state (/sandbox/mem); absent: no accounting
+  SANDBOX_VLLM_PREFILL_KIB_PER_TOKEN memory a prompt's prefill takes per prompt token while
+                                    serving (64: a 128K-token prompt takes 8 GiB); see PrefillMemory
   SANDBOX_VLLM_DIST_TIMEOUT_S       how long multi-node ranks wait for each other (120)
   SANDBOX_VLLM_MIN_NOFILE           if set, refuse (exit 1) a soft RLIMIT_NOFILE below it, like
                                     NCCL's "Too many open files" at 4 ranks
@@ -592,6 +594,8 @@ def load_model(model: str, options: dict) -> str | None:
         if i == weights[-1]:
             log(f"Loading weights took {time.monotonic() - started:.2f} seconds")
     standin_mem.settle(mem_dir)
+    global LOADED_BYTES
+    LOADED_BYTES = held
     log(f"Model loading took {held / GIB:.2f} GiB of memory (weights, KV cache, CUDA graphs)")
     return None
 
@@ -630,6 +634,68 @@ def compile_graphs(model: str, options: dict) -> bool:
 
 
 HOLDER = None  # this process's registered memory (standin_mem.Holder): freed when it dies
+
+
+class PrefillMemory:
+    """Serving takes memory beyond the KV pool: a prefill's activations and workspaces, which
+    torch's caching allocator keeps reserved after the request (it returns nothing to the system
+    until the process ends). On a GB10 that is unified memory, so the rank's MemFree shrinks with
+    the longest prefill served so far -- the field's freezes during long prefills (issue 29:
+    vLLM 46307/56824, dgx-spark-playbooks #97); an explicit --kv-cache-memory-bytes skips vLLM's
+    own profiling, so nothing sizes for it. Modelled: the concurrent prefills' prompt tokens x
+    SANDBOX_VLLM_PREFILL_KIB_PER_TOKEN (a model figure, not a measurement), taken in 16 chunks
+    over the prefill's time (chunked prefill) and kept as a high-water mark. A chunk that does
+    not fit in MemFree (the page cache is not reclaimed for the GPU) kills the engine with
+    CUDA's out-of-memory error, exit 1. Only the rank serving the API: the stand-in's headless
+    workers get no requests. Without the rank's memory model (no HOLDER): nothing."""
+
+    CHUNKS = 16
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.per_token = int(knob("SANDBOX_VLLM_PREFILL_KIB_PER_TOKEN", 64) * 1024)
+        self.in_flight = 0  # bytes the prefills running now need
+        self.reserved = 0  # the high-water mark, held by the holder
+
+    def prefill(self, prompt_tokens: int, seconds: float) -> None:
+        """Take the prompt's memory chunk by chunk over `seconds`; the caller's tokens follow."""
+        if HOLDER is None or self.per_token <= 0:
+            time.sleep(max(0.0, seconds))
+            return
+        need = prompt_tokens * self.per_token
+        step, taken, due = need // self.CHUNKS, 0, time.monotonic()
+        try:
+            for i in range(self.CHUNKS):
+                size = need - taken if i == self.CHUNKS - 1 else step
+                self.take(size)
+                taken += size
+                due += seconds / self.CHUNKS
+                time.sleep(max(0.0, due - time.monotonic()))
+        finally:
+            with self.lock:
+                self.in_flight -= taken
+
+    def take(self, size: int) -> None:
+        mem_dir = os.environ.get("SANDBOX_VLLM_MEM_DIR", "/sandbox/mem")
+        with self.lock:
+            self.in_flight += size
+            grow = self.in_flight - self.reserved
+            if grow <= 0:
+                return
+            info = read_meminfo(os.environ.get("SANDBOX_VLLM_MEMINFO", "/proc/meminfo"))
+            if grow > info.get("MemFree", 0):
+                log(oom_message(grow, info, self.reserved), "ERROR")
+                log("EngineCore encountered a fatal error (prefill); the API server exits", "ERROR")
+                os._exit(1)
+            self.reserved = self.in_flight
+            HOLDER.hold(LOADED_BYTES + self.reserved)
+        sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+        import standin_mem
+
+        standin_mem.settle(mem_dir)
+
+
+LOADED_BYTES = 0  # what loading took (weights, KV pool, graphs): the holder holds it plus the prefills'
 
 
 # ---------------------------------------------------------------- the fake engine
@@ -748,6 +814,7 @@ class Engine:
         self.itl_hist = standin_metrics.Histogram(standin_metrics.ITL_BUCKETS)
         self.e2e_hist = standin_metrics.Histogram(standin_metrics.REQUEST_LATENCY_BUCKETS)
         self.queue_hist = standin_metrics.Histogram(standin_metrics.REQUEST_LATENCY_BUCKETS)
+        self.prefill_memory = PrefillMemory()
 
     def wedge(self) -> None:
         """The scheduler stops for good (a hung collective, a stuck step): only a restart helps."""
@@ -809,6 +876,7 @@ class Engine:
         reason = "abort"  # unless every token went out
         try:
             first_at = ticket.admitted + self.ttft + prompt_tokens / self.prefill_tps
+            self.prefill_memory.prefill(prompt_tokens, first_at - time.monotonic())
             for i, token in enumerate(tokens):
                 time.sleep(max(0.0, first_at + i / self.tps - time.monotonic()))
                 while self.wedged_at is not None:
