@@ -101,6 +101,8 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
     layer = client.images.get(top).history()[1]["Size"]  # the RUN layer (LABEL adds none)
     assert 1_900_000 < layer < 2_200_000
     second = ship_refs(group, client, [top])
+    # a change over a base the ranks hold: this host pushed it and read back only the change
+    assert second.sources[top].how == "push", second.sources[top]
     for r in second.ranks:
         assert r.status == "shipped"
         # random bytes do not compress: the layer itself crossed, and little else
@@ -541,8 +543,12 @@ def test_cli_json_and_dry_run(sandbox, group, client, images):
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         hosts = [sandbox.rank(n)["address"] for n in sandbox.names]
+        sources = data.pop("sources")
         assert data == {"ranks": [{"rank": i, "host": hosts[i], "images": [fresh], "bytes": 0, "missing": 0, "seconds": 0.0,
                                    "status": "planned", "error": None} for i in range(4)]}
+        # the ranks hold its base: this host will push it and read back only the change
+        assert [(s["ref"], s["how"]) for s in sources] == [(fresh, "push")], sources
+        assert "the ranks lack" in sources[0]["why"] and sources[0]["seconds"] > 0
         assert image_events_since(sandbox, since) == {n: [] for n in sandbox.names}
         assert images_on_ranks(sandbox) == before
         assert all(rank_image_id(sandbox, n, fresh) is None for n in sandbox.names)

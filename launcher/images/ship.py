@@ -207,7 +207,7 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
             except SparkstackError as e:
                 for r in todo:
                     if ref in r.images:
-                        r.status, r.error = Status.FAILED, f"{r.host}: {e.message}"
+                        r.status, r.error = Status.FAILED, f"{by_rank[r.rank].target.name}: {e.message}"
             continue
         # every rank lacks all of it: the save goes to them as it comes, and is not kept here
         saves[ref] = spool.start(engine, plan.local_ids[ref], plan.diff_ids[ref], say=say,
