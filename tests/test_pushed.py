@@ -6,15 +6,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import shutil
 import tarfile
-import uuid
 
 import pytest
 
 from launcher.images import pushed, registry, source, spool
 from launcher.images.local_docker import connect
+from test_ship import build_scratch
 
 needs_registry = pytest.mark.skipif(shutil.which(registry.REGISTRY_BINARY) is None,
                                     reason="docker-registry is not installed")
@@ -52,17 +51,7 @@ def test_without_docker_registry_or_with_everything_spooled_no_push():
 
 
 def _image(client, parent: str | None, name: str, mib: int) -> str:
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        for path, data in ((f"payload-{name}", os.urandom(mib * MB)),
-                           ("Dockerfile", f"FROM {parent or 'scratch'}\nCOPY payload-{name} /\n".encode())):
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    context.seek(0)
-    ref = f"sparkstack-test/pushed:{name}-{uuid.uuid4().hex[:8]}"
-    client.images.build(fileobj=context, custom_context=True, tag=ref, rm=True)
-    return client.images.get(ref).id
+    return client.images.get(build_scratch(client, name, mib * MB, parent or "scratch")).id
 
 
 @needs_registry

@@ -109,12 +109,13 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
         assert 0.95 * layer <= r.bytes <= 1.1 * layer, f"rank {r.rank} moved {r.bytes} B for a {layer} B layer"
 
 
-def build_scratch(client, name: str, payload_bytes: int) -> str:
-    """An image FROM scratch (one layer of random bytes): no rank has any of it."""
+def build_scratch(client, name: str, payload_bytes: int, parent: str = "scratch") -> str:
+    """An image FROM scratch (one layer of random bytes): no rank has any of it. Or that layer
+    over `parent` (COPY: no shell needed in it)."""
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
-        for member, data in (("payload", os.urandom(payload_bytes)),
-                             ("Dockerfile", f"FROM scratch\nCOPY payload /payload\n"
+        for member, data in ((f"payload-{name}", os.urandom(payload_bytes)),
+                             ("Dockerfile", f"FROM {parent}\nCOPY payload-{name} /payload-{name}\n"
                                             f"LABEL org.sparkstack.test={RUN_ID}\n".encode())):
             info = tarfile.TarInfo(member)
             info.size = len(data)
