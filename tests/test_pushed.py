@@ -110,3 +110,18 @@ def registry_bytes(storage) -> int:
 def tar_members(data: bytes) -> list[str]:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return tar.getnames()
+
+
+def test_an_index_pushed_by_a_newer_engine_leads_to_the_image_own_manifest():
+    """Docker with containerd's store pushes an index (the image, an attestation): the manifest
+    read is the one whose config is the image."""
+    image = {"config": {"digest": "sha256:img"}, "layers": [{"digest": "sha256:l1"}]}
+    manifests = {"tag": {"manifests": [{"digest": "sha256:att"}, {"digest": "sha256:m"}]},
+                 "sha256:att": {"config": {"digest": "sha256:other"}, "layers": []}, "sha256:m": image}
+
+    class Registry:
+        def manifest(self, repo, reference):
+            assert repo == pushed.REPO
+            return manifests[reference]
+
+    assert pushed._image_manifest(Registry(), "tag", "sha256:img") == image

@@ -23,8 +23,6 @@ from . import spool
 
 REPO = "sparkstack/ship"
 LAYERS = "sparkstack-layers.json"   # in the registry's storage: diff ID -> blob digest
-MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
 class PushError(SparkstackError):
@@ -59,7 +57,7 @@ def fill(registry, image_id: str, diff_ids: list[str], start_at: int, root: Path
         say(f"pushing image {image_id[7:19]} into this host's registry (only layers it lacks), "
             f"then reading back {len(wanted)} layer(s)")
         reg.push(image_id, f"{REPO}:{tag}")
-        manifest = reg.manifest(REPO, tag, f"{MANIFEST_V2}, {OCI_MANIFEST}")
+        manifest = _image_manifest(reg, tag, image_id)
         blobs = [layer["digest"] for layer in manifest.get("layers", [])]
         if manifest.get("config", {}).get("digest") != image_id or len(blobs) != len(diff_ids):
             raise PushError(f"the local registry's manifest for {image_id} does not match the image "
@@ -75,6 +73,17 @@ def fill(registry, image_id: str, diff_ids: list[str], start_at: int, root: Path
                             "empty it (`sparkstack registry-prune`) and re-run")
     spool.complete(spooling, config)
     return spooling
+
+
+def _image_manifest(reg, tag: str, image_id: str) -> dict:
+    """The pushed image's manifest: Docker 20.10 pushes one; an engine with containerd's store
+    may push an index of several (platforms, attestations): the one whose config is the image."""
+    manifest = reg.manifest(REPO, tag)
+    for entry in manifest.get("manifests", []):
+        one = reg.manifest(REPO, entry["digest"])
+        if one.get("config", {}).get("digest") == image_id:
+            return one
+    return manifest
 
 
 def _read_layer(reg, digest: str, diff_id: str, spooling: spool.Spooling) -> None:
