@@ -83,7 +83,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("prepared the nodes")
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
-    the_plan = preflight(loaded, group)  # the image row is settled below
+    the_plan, gathered = _preflight(loaded, group)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
@@ -100,7 +100,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         ensure_held()
-        _ensure_images(loaded, the_plan.image, group, report, say)
+        _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
         ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
@@ -142,12 +142,31 @@ def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan
 def preflight(loaded: Loaded, group: Group, image: str | None = None) -> planning.Plan:
     """Gather, plan, judge over the open Group: a failed row raises CheckFailed, nothing is
     started (the image row aside: `up` builds and ships after this); else the plan."""
+    return _preflight(loaded, group, image)[0]
+
+
+def _preflight(loaded: Loaded, group: Group, image: str | None = None):
+    """preflight's plan, and what was gathered for it."""
     gathered = cluster.gather(loaded, group, image)
     the_plan, refused = _plan(loaded, gathered)
     refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:
         raise refused
-    return the_plan
+    return the_plan, gathered
+
+
+def _images_seen(gathered, image: str) -> dict[int, dict[str, str]] | None:
+    """Per rank, the serving image's ID as its probe listed it ({} where it has none): what the
+    ship plans from without asking the ranks again. None when a rank's Docker was not listed."""
+    seen = {}
+    for r, g in gathered.ranks.items():
+        if g.facts is None or g.facts.docker is None or g.facts.docker.server_version is None:
+            return None
+        found = g.facts.docker.image(image)
+        if found and not (found.id.startswith("sha256:") and len(found.id) == 71):
+            return None  # a short ID (`docker images` without inspect): ask the ranks
+        seen[r] = {image: found.id} if found else {}
+    return seen
 
 
 def _plan(loaded: Loaded, gathered) -> tuple[planning.Plan | None, SparkstackError | None]:
@@ -215,8 +234,11 @@ def _wait(loaded: Loaded, group: Group, report: UpReport, wait_timeout: float, s
                               + "\n".join(problems)) from None
 
 
-def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say) -> None:
-    """Build and ship only when a rank lacks the serving image (by image ID)."""
+def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say,
+                   seen: dict[int, dict[str, str]] | None = None) -> None:
+    """Build and ship only when a rank lacks the serving image (by image ID). `seen`: each
+    rank's image IDs as this command's probe listed them (one probe per rank per command);
+    else the ranks are asked."""
     try:
         ids = ship.local_image_ids([image])  # Docker's socket: docker-py is not imported
     except SparkstackError:
@@ -228,7 +250,12 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
         build.build_chain(local_docker.connect(), build.local_chain(loaded))
         ids = ship.local_image_ids([image])
         report.steps.append("built the image chain")
-    shipment = ranks.ship_plan(group, ids)
+    if seen is not None and set(seen) == {c.target.rank for c in group.connections}:
+        shipment = ship.plan_for(ids, [(c.target, seen[c.target.rank], None) for c in group.connections])
+        if shipment.needed:
+            ship.plan_layers(shipment, group)
+    else:
+        shipment = ranks.ship_plan(group, ids)
     if shipment.needed:
         ship.apply(shipment, group, say=say)
         report.steps.append("shipped " + image)
