@@ -18,15 +18,17 @@ from .shared import json_option, print_ranks, trust_option, with_cluster
 def status(loaded, as_json, trust_new_hosts):
     """Per rank: the serving container's state and uptime, the rank's MemAvailable now, its
     image, and the API on rank 0; with a supervisor (`up --keep`), its restarts and the last
-    cause it found."""
+    cause it found; what changed on a rank since the last good start (link state, MTU, fabric
+    address, the RoCE v2 GID index NCCL picks, driver, image, MemAvailable well below)."""
     from ..transport import api
-    from ..apply import deploy, engine_caches, prep, serve
+    from ..apply import deploy, engine_caches, last_good, prep, serve
 
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
         reached = [s.rank for s in states if s.state != "unreachable"]
         mem = prep.read_mem_available(group, reached)
         cache = engine_caches.sizes(loaded, group, reached)
+        since = last_good.explain(loaded, group, {s.rank for s in states if s.state == "running"})
     ep = api.endpoint(loaded)
     from ..apply import supervisor
 
@@ -35,7 +37,8 @@ def status(loaded, as_json, trust_new_hosts):
                        "compile_cache": cache.get(s.rank) if isinstance(cache.get(s.rank), dict) else None}
                       for s in states],
             "api": {"url": ep.url, "healthy": api.health(ep)},
-            "keep": supervisor.summary(supervisor.log_path(loaded))}
+            "keep": supervisor.summary(supervisor.log_path(loaded)),
+            "since_last_good_start": since.to_json() if since else None}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
@@ -46,6 +49,8 @@ def status(loaded, as_json, trust_new_hosts):
             out.print(f"supervisor (up --keep): {k['restarts']} restart(s)"
                       + (f"; last cause at {k['last_cause_at']}: {k['last_cause']}" if k["last_cause"] else ""),
                       markup=False)
+        if since and since.changes:
+            out.print(since.block(), markup=False)
     if all(s.state == "unreachable" for s in states):
         raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")
