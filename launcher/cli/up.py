@@ -29,16 +29,18 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     of MemFree and stops the cluster below the hard floor of MemAvailable (memory_guard in
     the config); `up` prints each rank's lowest MemAvailable (--json: the whole timeline).
     A failed check starts nothing. If any rank fails to start, every rank is stopped and each
-    failed rank is shown with its exit code and last log lines, and what changed on a rank since
-    the last good start (link, MTU, address, GID index, driver, image, MemAvailable; kept on this
-    host each time `up` gets the cluster serving; --json: on stdout too). A cluster already running as
-    planned is left alone: `up` then changes nothing (use --restart to force).
+    failed rank is shown with its exit code and last log lines. A failure also says what changed
+    on a rank since the last good start (link, MTU, address, GID index, driver, image,
+    MemAvailable: kept on this host each time `up` gets the cluster serving; --json: on stdout
+    too). A cluster already running as planned is left alone: `up` then changes nothing (use
+    --restart to force).
     Ctrl+C, SIGTERM or SIGHUP: the containers this run started are stopped (exit 130); a
     second one exits without waiting for that.
     --keep: after that, watch every rank's container and the API (keep.check_interval_s); on a
     failure, re-deploy on every rank after a backoff (keep.backoff_s, doubling), and give up with
-    every rank stopped after keep.max_restarts_per_hour. Events go to a log `status` reads, and
-    a Prometheus textfile beside it. Ctrl+C/SIGTERM while watching leaves the cluster serving.
+    every rank stopped after keep.max_restarts_per_hour. Events go to a log `status` reads (each
+    failure's cause with what changed since the last good start), and a Prometheus textfile
+    beside it. Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
     from ..apply import cluster_lock, deploy
     from ..errors import SparkstackError
