@@ -124,7 +124,8 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
     report.steps.append("the API answers")
     if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
-        last_good.record(loaded, gathered, _serving_memory(group, report))
+        # the image's ID here when it is here: what was shipped to a rank that lacked it
+        last_good.record(loaded, gathered, _serving_memory(group, report), build.local_base_id(gathered.image))
     report.seconds = time.monotonic() - started
     return report
 

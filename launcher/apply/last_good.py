@@ -70,12 +70,13 @@ def load(loaded: Loaded) -> Kept | None:
         return None
 
 
-def record(loaded: Loaded, gathered, mem_serving: dict[int, int]) -> Path:
+def record(loaded: Loaded, gathered, mem_serving: dict[int, int], image_id: str | None = None) -> Path:
     """Keep the start `up` just got serving: per rank from `gathered` (this run's gather, before the
-    start), the image every rank now holds, `mem_serving` (MemAvailable while serving, by rank)."""
+    start), `mem_serving` (MemAvailable while serving, by rank) and `image_id`, the serving image's
+    ID every rank now holds (None: as each rank held it when gathered)."""
     ranks = []
     for r, facts in sorted(gathered.facts.items()):
-        start = _snapshot(loaded, r, facts, gathered.image, False, image_id=gathered.local_image_id)
+        start = _snapshot(loaded, r, facts, gathered.image, False, image_id=image_id or gathered.local_image_id)
         ranks.append(dataclasses.replace(start, mem_serving=mem_serving.get(r)))
     out = path(loaded)
     out.parent.mkdir(parents=True, exist_ok=True)
