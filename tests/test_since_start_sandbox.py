@@ -84,7 +84,7 @@ def test_the_supervisors_cause_line_says_what_changed_on_the_failing_rank(sandbo
             keep.kill()
     failure = next(x["cause"] for x in seen if x["event"] == "failure")
     head, _, since = failure.partition("\nsince the last good start (")
-    assert head.startswith("rank 2 (spark3): exited with code 137"), failure
+    assert head.startswith("rank 2 (spark3): exited with code 137") and since, failure
     assert since.split("\n", 1)[1] == "\n".join(f"  {x}" for x in RESET), failure
     redeploy = next(x["cause"] for x in seen if x["event"] == "up failed")
     assert redeploy.startswith("check failed") and redeploy.endswith("\n".join(f"  {x}" for x in RESET)), redeploy
