@@ -10,11 +10,10 @@ import json
 import signal
 
 import pytest
-import yaml
 
 from launcher.sandbox import cluster
 from serving import cli
-from test_supervisor import events, start_keep, wait_for
+from test_supervisor import events, keep_cfg, start_keep, wait_for  # noqa: F401 (keep_cfg: a fixture)
 
 SPARK3 = 2  # its fabric IP is on its second port, enp1s0f1np1
 RESET = ["rank 2 (spark3): enp1s0f1np1 MTU 1500, was 9000 at the last good start",
@@ -23,20 +22,13 @@ RESET = ["rank 2 (spark3): enp1s0f1np1 MTU 1500, was 9000 at the last good start
 
 
 @pytest.fixture
-def cfg(sandbox, tmp_path, monkeypatch):
-    """The sandbox's config, this test's own state dir (the kept start, the supervisor's log); after
-    it the cables and fixtures mended and nothing left serving."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    data = yaml.safe_load(open(sandbox.config))
-    data["keep"] = {"check_interval_s": 1, "api_failures": 2, "backoff_s": 1, "backoff_max_s": 2,
-                    "max_restarts_per_hour": 1}
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data))
+def cfg(sandbox, keep_cfg):
+    """The sandbox's config with a quick supervisor, this test's own state dir (the kept start, the
+    supervisor's log); after it the cables and fixtures mended, then nothing left serving."""
     try:
-        yield str(path)
+        yield keep_cfg
     finally:
         cluster.mend_cables(sandbox.state_dir)
-        assert cli("down", "-c", str(path)).exit_code == 0
 
 
 def test_status_and_ups_failure_name_the_rank_and_what_its_nic_reset_changed(sandbox, cfg, tmp_path):
