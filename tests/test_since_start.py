@@ -97,13 +97,18 @@ def test_kept_on_this_host_one_file_per_cluster_and_compared_without_ssh(tmp_pat
     assert last_good.since_gathered(loaded, gathered, set()).changes == []
     reset = sfabric.sysfs_tree(2, mtu={"enp1s0f1np1": 1500})
     now = SimpleNamespace(facts={**facts, 2: sandbox_rank_facts(tmp_path / "now", 2, tree=reset)},
-                          local_image_id=gathered.local_image_id)
+                          image=gathered.image, local_image_id=gathered.local_image_id)
     since = last_good.since_gathered(loaded, now, set())
     assert last_good.said("the cluster did not start", since) == (
         f"the cluster did not start\nsince the last good start ({back.at}):\n"
         "  rank 2 (spark3): enp1s0f1np1 MTU 1500, was 9000 at the last good start")
-    rebuilt = last_good.since_gathered(loaded, SimpleNamespace(facts=facts, local_image_id="sha256:" + "12" * 32), set())
+    rebuilt = last_good.since_gathered(loaded, SimpleNamespace(facts=facts, image=gathered.image,
+                                                               local_image_id="sha256:" + "12" * 32), set())
     assert [c.line for c in rebuilt.changes][1] == (
         "rank 1 (spark2): image sparkstack/sandbox:abc is 121212121212, was efefefefefef at the last good start")
+    other = last_good.since_gathered(loaded, SimpleNamespace(facts=facts, image="sparkstack/other:1",
+                                                             local_image_id=None), set())
+    assert [c.line for c in other.changes][3] == (
+        "rank 3 (spark4): serves sparkstack/other:1, was sparkstack/sandbox:abc (efefefefefef) at the last good start")
     kept.write_text("{not json")
     assert last_good.load(loaded) is None

@@ -94,29 +94,32 @@ def since_gathered(loaded: Loaded, gathered, running: set[int]) -> Since | None:
     kept = load(loaded)
     if kept is None:
         return None
-    return _since(loaded, kept, gathered.facts, running, gathered.local_image_id)
+    return _since(loaded, kept, gathered.facts, running, gathered.image, gathered.local_image_id)
 
 
-def explain(loaded: Loaded, group: Group, running: set[int] | None = None) -> Since | None:
+def explain(loaded: Loaded, group: Group, states: list[serve.RankState] | None = None) -> Since | None:
     """What changed on the ranks now: each probed once (and its container's state read, unless
-    `running` says which engines run). None without a kept start."""
+    `states` has it: which engines run, on which image). None without a kept start."""
     kept = load(loaded)
     if kept is None:
         return None
-    if running is None:
-        running = {s.rank for s in serve.states(group) if s.state == "running"}
-    return _since(loaded, kept, probe.facts_of(probe.gather(group, loaded)), running)
+    if states is None:
+        states = serve.states(group)
+    running = {s.rank for s in states if s.state == "running"}
+    images = {s.rank: s.image for s in states if s.image}  # the ref the rank's container was made from
+    return _since(loaded, kept, probe.facts_of(probe.gather(group, loaded)), running, images)
 
 
 def _since(loaded: Loaded, kept: Kept, facts: dict[int, Facts], running: set[int],
-           image_id: str | None = None) -> Since:
-    """`image_id`: the ID every rank is about to serve (`up` ships what a rank lacks), else each
-    rank's own."""
+           image: str | dict[int, str] | None, image_id: str | None = None) -> Since:
+    """`image`: the serving image's ref (by rank; a rank without one: the last good start's), and
+    `image_id` its ID every rank is about to serve (`up` ships what a rank lacks), else each rank's own."""
     now = {}
     for r, f in facts.items():
         then = kept.ranks.get(r)
         if then is not None:
-            now[r] = _snapshot(loaded, r, f, then.image, r in running, image_id=image_id,
+            ref = (image.get(r) if isinstance(image, dict) else image) or then.image
+            now[r] = _snapshot(loaded, r, f, ref, r in running, image_id=image_id,
                                netdevs=tuple(x.netdev for x in then.links), hcas=tuple(then.gid_index or ()))
     return Since(kept.at, compare_all(kept.ranks, now))
 

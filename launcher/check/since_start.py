@@ -48,15 +48,28 @@ def compare(then: RankStart, now: RankStart) -> list[Change]:
         add("driver", None, now.driver, then.driver,
             f"NVIDIA driver {_driver(now)}, was {_driver(then)}" if now.driver
             else f"no NVIDIA driver seen, was {_driver(then)}")
-    if then.image_id and now.image_id is not None and now.image_id != then.image_id:
-        add("image", then.image, now.image_id, then.image_id,
-            f"image {then.image} is {_short(now.image_id)}, was {_short(then.image_id)}" if now.image_id
-            else f"image {then.image} is not on the rank, was {_short(then.image_id)}")
+    _image(add, then, now)
     for slot, how in (("mem_serving", "with the engine serving"), ("mem_before", "with no engine running")):
         old, new = getattr(then, slot), getattr(now, slot)
         if old is not None and new is not None and new < old - WELL_BELOW:
             add("memory", slot, new, old, f"MemAvailable {gib(new)} {how}, was {gib(old)}")
     return said
+
+
+def _image(add, then: RankStart, now: RankStart) -> None:
+    """Another image served (a new build, another profile), or the same ref now naming another
+    image on the rank, or missing there."""
+    if now.image and then.image and now.image != then.image:
+        add("image", now.image, now.image, then.image, f"serves {now.image}{_id(now.image_id)}, "
+            f"was {then.image}{_id(then.image_id)}")
+    elif then.image_id and now.image_id is not None and now.image_id != then.image_id:
+        add("image", then.image, now.image_id, then.image_id,
+            f"image {then.image} is {_short(now.image_id)}, was {_short(then.image_id)}" if now.image_id
+            else f"image {then.image} is not on the rank, was {_short(then.image_id)}")
+
+
+def _id(image_id: str | None) -> str:
+    return f" ({_short(image_id)})" if image_id else ""
 
 
 def _link(add, old: Link, new: Link) -> None:

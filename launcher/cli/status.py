@@ -28,7 +28,7 @@ def status(loaded, as_json, trust_new_hosts):
         reached = [s.rank for s in states if s.state != "unreachable"]
         mem = prep.read_mem_available(group, reached)
         cache = engine_caches.sizes(loaded, group, reached)
-        since = last_good.explain(loaded, group, {s.rank for s in states if s.state == "running"})
+        since = last_good.explain(loaded, group, states)
     ep = api.endpoint(loaded)
     from ..apply import supervisor
 
