@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import load_progress, memguard, prep, serve, servguard
-from .cluster_lock import ensure_held
+from . import last_good, load_progress, memguard, prep, serve, servguard
+from .cluster_lock import LockLost, ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
 from ..gather import cluster, here, ranks
@@ -39,6 +39,7 @@ class UpReport:
     starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
     memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
+    since: last_good.Since | None = None  # what changed since the last good start, as gathered
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
@@ -59,6 +60,11 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
         return _up(loaded, group, report, restart, wait_timeout, say)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
+    except SparkstackError as e:
+        if report.since and report.since.changes and not isinstance(e, (Interrupted, LockLost)):
+            e.message = last_good.said(e.message, report.since)  # what changed on a rank, said last
+            e.args, e.since = (e.message,), report.since
+        raise
 
 
 def _after_interrupt(group: Group, report: UpReport, say) -> str:
@@ -83,13 +89,15 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("prepared the nodes")
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
-    the_plan, gathered = _preflight(loaded, group)  # the image row is settled below
+    current = serve.states(group)
+    gathered = cluster.gather(loaded, group)
+    report.since = last_good.since_gathered(loaded, gathered, {s.rank for s in current if s.state == "running"})
+    the_plan = judged(loaded, gathered)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
     wait_timeout = the_plan.wait_timeout(wait_timeout)  # a slow checkpoint link waits longer (issue 15)
     report.steps.append("checked every rank")
-    current = serve.states(group)
     if serve.is_current(current, the_plan) and not restart:
         say("already running as planned: nothing to change (--restart forces a new start)")
         _wait(loaded, group, report, wait_timeout, say, None, the_plan.load)
@@ -117,8 +125,19 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("the API answers")
     if servguard.start(loaded, group, say=say):  # the rank's own guard from now on (issue 29)
         report.steps.append("the memory guard watches every rank")
+    if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
+        # the image's ID here when it is here: what was shipped to a rank that lacked it
+        last_good.record(loaded, gathered, _serving_memory(group, report), build.local_base_id(gathered.image))
     report.seconds = time.monotonic() - started
     return report
+
+
+def _serving_memory(group: Group, report: UpReport) -> dict[int, int]:
+    """Each rank's MemAvailable now it serves: the guard's last sample, else read (guard off)."""
+    seen = {m.rank: m.samples[-1][1] for m in report.memory if m.samples}
+    unseen = [c.target.rank for c in group.connections if c.target.rank not in seen]
+    read = prep.read_mem_available(group, unseen) if unseen else {}
+    return {**seen, **{r: v for r, v in read.items() if isinstance(v, int)}}
 
 
 def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan, report: UpReport, say) -> None:
@@ -142,12 +161,11 @@ def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan
 def preflight(loaded: Loaded, group: Group, image: str | None = None) -> planning.Plan:
     """Gather, plan, judge over the open Group: a failed row raises CheckFailed, nothing is
     started (the image row aside: `up` builds and ships after this); else the plan."""
-    return _preflight(loaded, group, image)[0]
+    return judged(loaded, cluster.gather(loaded, group, image))
 
 
-def _preflight(loaded: Loaded, group: Group, image: str | None = None):
-    """preflight's plan, and what was gathered for it."""
-    gathered = cluster.gather(loaded, group, image)
+def judged(loaded: Loaded, gathered) -> planning.Plan:
+    """The plan from what was gathered, judged: a failed row raises CheckFailed."""
     the_plan, refused = _plan(loaded, gathered)
     refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import deploy, liveness, prep, serve, servguard
+from . import deploy, last_good, liveness, prep, serve, servguard
 from .cluster_lock import LockLost, ensure_held
 from ..errors import Interrupted, SparkstackError
 from ..inputs import apikey
@@ -133,7 +133,7 @@ class Supervisor:
                 self.say("serving; watching every rank and the API "
                          f"(every {self.settings.check_interval_s:g} s){_liveness_note(self.settings.liveness)}")
                 backoff = self.settings.backoff_s
-                cause = self._watch()
+                cause = last_good.said(self._watch(), last_good.explain(self.loaded, self.group))
                 self.log.add("failure", cause=cause)
             except (Interrupted, LockLost):
                 raise

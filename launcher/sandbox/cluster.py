@@ -686,6 +686,21 @@ def cut_cable(link: int, state_dir: Path | None = None, n: int = DEFAULT_RANKS) 
     return cable
 
 
+def reset_nic(rank: int, netdev: str, mtu: int = 1500, gid_moved: bool = True,
+              state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> None:
+    """A NIC firmware reset on rank index `rank` (a test's fault): `netdev`'s MTU back at `mtu` on
+    its cable's end and in the rank's sysfs fixture, and with `gid_moved` the rank's GID tables as
+    after a global IPv6 address came or went (its IPv4 RoCE v2 entries two further down or up, as
+    seen in the field). `mend_cables` puts it back."""
+    state_dir = Path(state_dir) if state_dir else state_dir_default()
+    name = rank_names(n)[rank]
+    links.set_mtu(_pid(connect().containers.get(container_name(name))), netdev, mtu)
+    moved = (rank not in fabric.EXTRA_IPV6) if gid_moved else None  # the extra IPv6 entries come or go
+    _rewrite_sysfs(paths(state_dir)["ranks"] / name / "sysfs",
+                   _sysfs(state_dir, rank, n, topology=current_topology(state_dir), mtu={netdev: mtu},
+                          extra_ipv6=moved))
+
+
 def mend_cables(state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> list[int]:
     """Plug every cable back in (fixtures up again, missing veth pairs laid); the links laid."""
     state_dir = Path(state_dir) if state_dir else state_dir_default()
