@@ -170,7 +170,7 @@ def judged(loaded: Loaded, gathered) -> planning.Plan:
     refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:
         raise refused
-    return the_plan, gathered
+    return the_plan
 
 
 def _images_seen(gathered, image: str) -> dict[int, dict[str, str]] | None:
