@@ -30,6 +30,7 @@ COMMANDS = {
     "stage": "launcher.cli.stage:stage",
     "manifest": "launcher.cli.manifest:manifest",
     "bench": "launcher.cli.bench:bench",
+    "metrics": "launcher.cli.metrics:metrics",
     "api-key": "launcher.cli.api_key:api_key",
     "ansible-inventory": "launcher.cli.ansible_inventory:ansible_inventory",
     "registry-prune": "launcher.cli.registry_prune:registry_prune",
@@ -41,7 +42,7 @@ COMMANDS = {
 SECTIONS = (
     ("First bring-up", ("init", "fetch", "check", "up")),
     ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "logs", "down",
-                                                   "systemd-unit")),
+                                                   "metrics", "systemd-unit")),
     ("Day to day", ("plan", "profiles", "build", "ship", "stage", "manifest", "bench", "api-key",
                     "ansible-inventory", "registry-prune")),
     ("Try it without Sparks", ("sandbox",)),
