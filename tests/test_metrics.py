@@ -21,6 +21,7 @@ from launcher.apply import exporter
 from launcher.apply.sampling import RankState
 from launcher.facts.sample import COUNTERS, HW_COUNTERS, fabric_rates, parse_rank_sample
 from launcher.inputs import config
+from launcher.plan import monitoring
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_METRICS = ROOT / "tests" / "golden" / "vllm-metrics-0.33.0.txt"
@@ -223,3 +224,66 @@ def test_listen(listen, expected):
 def test_listen_refused(listen):
     with pytest.raises(ValueError, match="HOST:PORT"):
         exporter.parse_listen(listen)
+
+
+# -- top's figures ----------------------------------------------------------------------------------
+
+def test_top_view_of_samples_and_vllm(loaded):
+    from launcher.apply import top
+    from launcher.cli.top import _render
+    from rich.console import Console
+
+    sums = top.engine_sums(VLLM_METRICS.read_text())
+    assert sums["vllm:num_requests_running"] == 1 and sums["vllm:generation_tokens_total"] == 3
+    later = {**sums, "vllm:generation_tokens_total": 103.0, monitoring.ACCEPTED: sums[monitoring.ACCEPTED] + 30,
+             monitoring.DRAFTS: sums[monitoring.DRAFTS] + 20}
+    part = top.cluster_view(top.EngineReading(10.0, sums), top.EngineReading(12.0, later))
+    assert part["tokens_per_s"] == 50.0 and part["accepted_per_step"] == 2.5
+    assert part["running"] == 1 and part["waiting"] == 1 and 0 <= part["kv_cache_usage"] <= 1
+    floor = int(loaded.cluster.overrides.free_floor_gib * 2**30)
+    shown = top.view("c", served_states(loaded), floor, now=101.5, stale_after=5, cluster_part=part)
+    r0 = shown["ranks"][0]
+    assert r0["memory"]["below_floor"] is (13631488 * 1024 < floor)
+    assert r0["fabric"]["transmit_bytes_s"] == 0  # the same counters twice: no traffic
+    assert r0["gpu"]["utilization_pct"] == 96 and r0["guard_events"] == {"relief": 1}
+    stale = top.view("c", served_states(loaded), floor, now=200.0, stale_after=5, cluster_part=part)
+    assert not any(r["sampled"] for r in stale["ranks"])  # old samples are not shown as current
+    console = Console(width=200, record=True)
+    console.print(_render(shown))
+    text = console.export_text()
+    assert "50.0 tokens/s, 1 running, 1 waiting" in text and "2.50 accepted/step" in text
+    assert "GPU 96% 2405 MHz 63 C" in text and "relief 1" in text
+    assert top.cluster_view(None, None, "down")["engine_metrics"] == "down"
+
+
+def test_the_roce_counter_standin_follows_its_netdevs_bytes(tmp_path):
+    """The sandbox's RoCE counters: the stand-in writes the netdev's own statistics in the IBA's
+    units (4-byte words); here the netdev is this host's loopback, fed a known number of bytes."""
+    import socket
+
+    from launcher.sandbox import fabric_fixture, roce_standin
+
+    sysfs, state = tmp_path / "sysfs", tmp_path / "state"
+    fabric_fixture.write_tree(sysfs, {"class/infiniband/rocep1s0f0/device/net/lo/mtu": "65536\n"},
+                              fabric_fixture.counter_links(str(state), n_hcas=1))
+    counters = sysfs / "class/infiniband/rocep1s0f0/ports/1/counters"
+    assert counters.is_symlink() and not counters.exists()  # dangling until the stand-in writes
+    proc = subprocess.Popen(["python3", "-c", roce_standin.SOURCE, "sandbox-roce-standin", str(sysfs), str(state)])
+    try:
+        def words():
+            deadline = time.monotonic() + 10
+            while not (counters / "port_xmit_data").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return int((counters / "port_xmit_data").read_text())
+
+        before = words()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(50):
+                s.sendto(b"x" * 8000, ("127.0.0.1", 9))  # discard port: the bytes still cross lo
+        time.sleep(1.2)
+        assert (words() - before) * 4 >= 50 * 8000
+        hw = sysfs / "class/infiniband/rocep1s0f0/ports/1/hw_counters/out_of_sequence"
+        assert hw.read_text() == "0\n"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from launcher.cli.commands import main
+from prom_tools import free_port, wait_ready
 from launcher.plan import monitoring
 from click.testing import CliRunner
 
@@ -139,12 +139,6 @@ def test_promtool_test_can_fail(written):
 
 # -- Alertmanager delivers --------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Receiver(BaseHTTPRequestHandler):
     received: list = []
 
@@ -172,13 +166,7 @@ def test_alertmanager_delivers_an_alert_to_the_webhook(tmp_path):
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{am_port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        assert wait_ready(url, 30), am.stderr.read1().decode() if am.poll() is not None else "not ready"
         rule = monitoring.alert_rules()["groups"][0]["rules"][1]  # engine down, as Prometheus posts it
         posted = httpx.post(f"{url}/api/v2/alerts", json=[{
             "labels": {"alertname": rule["alert"], "cluster": "sandbox", "rank": "2", "host": "spark3",

@@ -15,6 +15,7 @@ each scrape, so a scrape costs no SSH round trip.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -60,7 +61,7 @@ def supervisor_state(lines: list[str]) -> dict | None:
     serving, restarts, last = False, 0, None
     for e in events[started:]:
         restarts += e["event"] == "restart"
-        serving = e["event"] == "serving" or (serving and e["event"] not in ("failure", "gave up", "up failed", "stopped"))
+        serving = e["event"] == "serving" or (serving and e["event"] not in ("failure", "gave up", "up failed"))
         last = e.get("at", last)
     at = datetime.fromisoformat(last).timestamp() if isinstance(last, str) else 0.0
     return {"serving": int(serving), "restarts": restarts, "last_event_at": at}
@@ -74,8 +75,8 @@ class ClusterCollector:
         self.loaded, self.sampling, self.supervisor_log, self.clock = loaded, sampling, supervisor_log, clock
         self.cluster = cluster_name(loaded)
         self.floor = int(loaded.cluster.overrides.free_floor_gib * GIB)
-        self.fetch = fetch or self._fetch_engine
-        self.endpoint = api.endpoint(loaded)
+        endpoint = api.endpoint(loaded)
+        self.fetch = fetch or (lambda: engine_metrics_text(endpoint))
 
     def collect(self):
         yield from self._ranks(self.sampling.snapshot())
@@ -151,11 +152,6 @@ class ClusterCollector:
                                 "hw_counters)", key, counters[name], hca=hca, counter=name)
 
     # -- rank 0's vLLM ------------------------------------------------------------------------------
-    def _fetch_engine(self) -> str:
-        r = httpx.get(f"{self.endpoint.url}/metrics", headers=self.endpoint.headers, timeout=ENGINE_TIMEOUT_S)
-        r.raise_for_status()
-        return r.text
-
     def _engine(self):
         up = GaugeMetricFamily("sparkstack_engine_metrics_up", "1 when rank 0's /metrics answered this scrape",
                                labels=["cluster", "profile"])
@@ -182,6 +178,13 @@ class ClusterCollector:
             family = kind(f"sparkstack_{name}", what, labels=["cluster"])
             family.add_metric([self.cluster], state[{"last_event_timestamp_seconds": "last_event_at"}.get(name, name)])
             yield family
+
+
+def engine_metrics_text(endpoint: api.Endpoint) -> str:
+    """Rank 0's /metrics as vLLM serves it; httpx's error when it does not answer 200."""
+    r = httpx.get(f"{endpoint.url}/metrics", headers=endpoint.headers, timeout=ENGINE_TIMEOUT_S)
+    r.raise_for_status()
+    return r.text
 
 
 def relabel(text: str, labels: dict[str, str]):
@@ -235,9 +238,9 @@ DEFAULT_PORT = 9433
 
 
 def serve(loaded: Loaded, group, listen: str, interval: float, supervisor_log: Path | None,
-          say=print, ready=None) -> None:
-    """Sample every rank and answer scrapes on `listen` until Ctrl+C; `ready(sampling, port)` is
-    called once it answers (tests, the benchmark)."""
+          say=print, ready=None, stop: threading.Event | None = None) -> None:
+    """Sample every rank and answer scrapes on `listen` until Ctrl+C (or `stop` is set);
+    `ready(sampling, port)` is called once it answers (tests, the benchmark)."""
     from prometheus_client import start_http_server
 
     try:
@@ -256,8 +259,9 @@ def serve(loaded: Loaded, group, listen: str, interval: float, supervisor_log: P
                 f"(a sample every {interval:g} s per rank, one SSH channel each); Ctrl+C stops")
             if ready is not None:
                 ready(sampling, server.server_port)
-            while True:
-                time.sleep(3600)
+            stop = stop or threading.Event()
+            while not stop.wait(3600):
+                pass
         except KeyboardInterrupt:
             say("stopped serving metrics")
         finally:
