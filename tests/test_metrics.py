@@ -214,7 +214,7 @@ def test_the_supervisors_log_becomes_its_series(loaded, tmp_path):
     assert exporter.supervisor_state(['{"event": "failure"}']) is None  # no run started
 
 
-@pytest.mark.parametrize("listen,expected", [("127.0.0.1:9433", ("127.0.0.1", 9433)),
+@pytest.mark.parametrize("listen,expected", [("127.0.0.1:9433", ("127.0.0.1", 9433)), ("127.0.0.1:0", ("127.0.0.1", 0)),
                                              ("[::1]:9000", ("::1", 9000)), (":9000", ("127.0.0.1", 9000))])
 def test_listen(listen, expected):
     assert exporter.parse_listen(listen) == expected

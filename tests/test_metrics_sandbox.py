@@ -55,15 +55,20 @@ def serving_metrics(loaded):
     def ready(sampling, port):
         started.update(sampling=sampling, port=port)
 
+    def run():
+        try:
+            exporter.serve(loaded, group, "127.0.0.1:0", INTERVAL, None, say=lambda line: None,
+                           ready=ready, stop=stop)
+        except Exception as e:  # noqa: BLE001 -- the test says why
+            started["error"] = e
+
     group = deploy.group_for(loaded, say=lambda line: None)
-    thread = threading.Thread(target=exporter.serve, daemon=True, kwargs=dict(
-        loaded=loaded, group=group, listen="127.0.0.1:0", interval=INTERVAL, supervisor_log=None,
-        say=lambda line: None, ready=ready, stop=stop))
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
-    while "port" not in started and time.monotonic() < deadline:
+    while not started and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert started, "the exporter did not start"
+    assert "port" in started, started or "the exporter did not start"
     assert started["sampling"].wait_for_samples(30), [s.error for s in started["sampling"].snapshot()]
     yield started
     stop.set()

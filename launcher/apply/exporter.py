@@ -227,9 +227,10 @@ def registry(collector: ClusterCollector) -> CollectorRegistry:
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """"HOST:PORT" (IPv6 in brackets) -> (host, port); ValueError saying what is wrong."""
+    """"HOST:PORT" (IPv6 in brackets; port 0: one the system picks) -> (host, port); ValueError
+    saying what is wrong."""
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
