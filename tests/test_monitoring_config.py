@@ -185,3 +185,41 @@ def test_alertmanager_delivers_an_alert_to_the_webhook(tmp_path):
         am.terminate()
         am.wait(timeout=10)
         hook.shutdown()
+
+
+def test_prometheus_scrapes_the_exporter_with_vllms_names(tmp_path):
+    """A real Prometheus asks for OpenMetrics, for which prometheus_client's own server escapes
+    every ':' in a sample name; the exporter answers in the text format, names kept, so
+    vLLM's series are found under the names the rules and the dashboard query. (Samples here are
+    recorded ones; tests/test_metrics_sandbox.py scrapes the sandbox while it serves.)"""
+    import subprocess as sp
+
+    from test_metrics import VLLM_METRICS, FakeSampling, served_states
+    from launcher.apply import exporter
+    from launcher.inputs import config
+
+    loaded = config.load(Path(__file__).resolve().parent.parent / "env" / "cluster.example.yaml")
+    collector = exporter.ClusterCollector(loaded, FakeSampling(served_states(loaded)),
+                                          fetch=VLLM_METRICS.read_text, clock=lambda: 101.5)
+    server = exporter.http_server("127.0.0.1", 0, exporter.registry(collector))
+    for name, text in monitoring.files(f"127.0.0.1:{server.server_port}", "127.0.0.1:1", "http://127.0.0.1:9/x",
+                                       scrape_interval="1s").items():
+        (tmp_path / name).write_text(text)
+    port = free_port()
+    prom = sp.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                    stdout=sp.DEVNULL, stderr=sp.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_ready(url, 60)
+        deadline, found = time.monotonic() + 30, []
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.5)
+            found = httpx.get(f"{url}/api/v1/query", params={"query": "vllm:num_requests_running"}).json()["data"]["result"]
+        assert found and found[0]["metric"]["cluster"] == config.cluster_name(loaded)
+        escaped = httpx.get(f"{url}/api/v1/query", params={"query": "vllm_num_requests_running"}).json()["data"]["result"]
+        assert escaped == []
+    finally:
+        prom.terminate()
+        prom.wait(timeout=20)
+        server.shutdown()

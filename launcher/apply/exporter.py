@@ -15,12 +15,16 @@ each scrape, so a scrape costs no SSH round trip.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics.exposition import ALLOWUTF8
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
@@ -226,6 +230,35 @@ def registry(collector: ClusterCollector) -> CollectorRegistry:
     return reg
 
 
+def http_server(host: str, port: int, reg: CollectorRegistry) -> ThreadingHTTPServer:
+    """GET /metrics in Prometheus' text format 0.0.4, names as written (vllm:...), in a thread.
+    Not prometheus_client's own server: for a scraper that asks for OpenMetrics it escapes every
+    sample name's ':' to '_' (0.26: `escaping=underscores`), and vLLM's names would then differ
+    from what its dashboards and the alert rules query."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 -- http.server's name
+            if self.path.split("?")[0] not in ("/metrics", "/"):
+                self.send_error(404, "only /metrics here")
+                return
+            body = generate_latest(reg, escaping=ALLOWUTF8)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = Server((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics http").start()
+    return server
+
+
 def parse_listen(listen: str) -> tuple[str, int]:
     """"HOST:PORT" (IPv6 in brackets; port 0: one the system picks) -> (host, port); ValueError
     saying what is wrong."""
@@ -242,8 +275,6 @@ def serve(loaded: Loaded, group, listen: str, interval: float, supervisor_log: P
           say=print, ready=None, stop: threading.Event | None = None) -> None:
     """Sample every rank and answer scrapes on `listen` until Ctrl+C (or `stop` is set);
     `ready(sampling, port)` is called once it answers (tests, the benchmark)."""
-    from prometheus_client import start_http_server
-
     try:
         host, port = parse_listen(listen)
     except ValueError as e:
@@ -251,7 +282,7 @@ def serve(loaded: Loaded, group, listen: str, interval: float, supervisor_log: P
     with Sampling(loaded, group, interval) as sampling:
         collector = ClusterCollector(loaded, sampling, supervisor_log)
         try:
-            server, _thread = start_http_server(port, host, registry(collector))
+            server = http_server(host, port, registry(collector))
         except OSError as e:
             raise SparkstackError(f"cannot listen on {host}:{port} ({e.strerror or e}); "
                                   "pick another with --listen HOST:PORT") from None

@@ -68,7 +68,8 @@ class Sampling:
 
     def __init__(self, loaded: Loaded, group: Group, interval: float = 1.0, clock=time.monotonic):
         self.loaded, self.group, self.interval, self.clock = loaded, group, interval, clock
-        self.ranks = {c.target.rank: RankState(c.target.rank, c.target.name) for c in group.connections}
+        self.ranks = {c.target.rank: RankState(c.target.rank, loaded.cluster.ranks[c.target.rank].label)
+                      for c in group.connections}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._channels: dict[int, paramiko.Channel] = {}

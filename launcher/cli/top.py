@@ -45,7 +45,7 @@ def top(loaded, interval, once, as_json, trust_new_hosts):
             if as_json:
                 click.echo(json.dumps(shown, indent=2))
             else:
-                out.print(_render(shown))
+                out.print(_render(shown), width=max(out.width, 160))  # a pipe gets whole rows
             return
         _live(t, interval)
 

@@ -12,8 +12,8 @@ scrape). Every `interval` seconds it prints one JSON line, flushed:
 The raw values only: launcher/facts/sample.py parses them on the control host (port_xmit_data is
 in 4-byte words there, rates come from two lines). nvidia-smi is started once, with its own loop
 (`-lms`), and read when a line is due: one nvidia-smi start a second would cost more CPU than the
-whole sampler. The engine container is asked through Docker's unix socket (one inspect, one
-one-shot stats), as the probe asks it: each `docker` CLI start costs ~150 ms of CPU.
+whole sampler. The engine container is asked through Docker's unix socket (one inspect), as the
+probe asks it (each `docker` CLI start costs ~150 ms of CPU), and its memory read from its cgroup.
 
 Run as `python3 - '<args JSON>'` with this file on stdin (launcher/onrank/__init__.py); args:
 interval (s), sysfs_root ("/" on a Spark), container (the engine's name), guard_events (the memory
@@ -62,9 +62,39 @@ def docker_get(endpoint, timeout=2.0):
     return int(status[1]), body
 
 
+# The container's memory cgroup, by Docker's cgroup driver and the cgroup version: (usage file,
+# stat file, the stat's inactive-file key). `docker stats` would take a second per call.
+CGROUPS = (("/sys/fs/cgroup/system.slice/docker-{id}.scope", "memory.current", "memory.stat", "inactive_file"),
+           ("/sys/fs/cgroup/docker/{id}", "memory.current", "memory.stat", "inactive_file"),
+           ("/sys/fs/cgroup/memory/system.slice/docker-{id}.scope", "memory.usage_in_bytes", "memory.stat",
+            "total_inactive_file"),
+           ("/sys/fs/cgroup/memory/docker/{id}", "memory.usage_in_bytes", "memory.stat", "total_inactive_file"))
+
+
+def cgroup_memory(container_id):
+    """(usage, inactive file pages) from the container's cgroup files; None where none is found."""
+    for folder, usage, stat, key in CGROUPS:
+        d = folder.format(id=container_id)
+        value = read_int(os.path.join(d, usage))
+        if value is None:
+            continue
+        inactive = None
+        try:
+            with open(os.path.join(d, stat)) as f:
+                for line in f:
+                    name, _, number = line.partition(" ")
+                    if name == key:
+                        inactive = int(number)
+                        break
+        except (OSError, ValueError):
+            pass
+        return value, inactive
+    return None
+
+
 def engine(container):
-    """The engine container's state and memory (the cgroup's usage and its inactive file pages,
-    which `docker stats` subtracts)."""
+    """The engine container's state (Docker's inspect) and memory (its cgroup's usage and
+    inactive file pages, which `docker stats` subtracts)."""
     try:
         status, body = docker_get("/containers/%s/json" % container)
         if status == 404:
@@ -73,13 +103,9 @@ def engine(container):
             return {"error": "Docker answered HTTP %d" % status}
         inspect = json.loads(body)
         out = {"state": inspect["State"]["Status"], "id": inspect["Id"][:12]}
-        if out["state"] == "running":
-            status, body = docker_get("/containers/%s/stats?stream=false&one-shot=true" % container)
-            if status == 200:
-                mem = json.loads(body).get("memory_stats") or {}
-                stats = mem.get("stats") or {}
-                out["memory"] = mem.get("usage")
-                out["inactive_file"] = stats.get("inactive_file", stats.get("total_inactive_file"))
+        memory = cgroup_memory(inspect["Id"]) if out["state"] == "running" else None
+        if memory is not None:
+            out["memory"], out["inactive_file"] = memory
         return out
     except (OSError, ValueError, KeyError) as e:
         return {"error": "%s: %s" % (type(e).__name__, e)}
