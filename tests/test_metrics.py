@@ -155,6 +155,8 @@ def scrape(collector) -> dict:
 def test_exporter_labels_every_rank_and_relabels_vllm(loaded):
     collector = exporter.ClusterCollector(loaded, FakeSampling(served_states(loaded)),
                                           fetch=VLLM_METRICS.read_text, clock=lambda: 101.5)
+    assert scrape(collector)["sparkstack_engine_metrics_up"].samples[0].value == 0  # not read yet
+    collector.read_engine()
     families = scrape(collector)
     cluster = config.cluster_name(loaded)
     hosts = {r.label for r in loaded.cluster.ranks}
@@ -194,7 +196,9 @@ def test_exporter_without_samples_or_engine(loaded):
     def down():
         raise OSError("connection refused")
 
-    families = scrape(exporter.ClusterCollector(loaded, FakeSampling(states), fetch=down, clock=lambda: 5.0))
+    collector = exporter.ClusterCollector(loaded, FakeSampling(states), fetch=down, clock=lambda: 5.0)
+    collector.read_engine()
+    families = scrape(collector)
     assert {s.value for s in families["sparkstack_sampler_up"].samples} == {0}
     assert "sparkstack_memory_available_bytes" not in families
     assert families["sparkstack_engine_metrics_up"].samples[0].value == 0

@@ -201,6 +201,7 @@ def test_prometheus_scrapes_the_exporter_with_vllms_names(tmp_path):
     loaded = config.load(Path(__file__).resolve().parent.parent / "env" / "cluster.example.yaml")
     collector = exporter.ClusterCollector(loaded, FakeSampling(served_states(loaded)),
                                           fetch=VLLM_METRICS.read_text, clock=lambda: 101.5)
+    collector.read_engine()
     server = exporter.http_server("127.0.0.1", 0, exporter.registry(collector))
     for name, text in monitoring.files(f"127.0.0.1:{server.server_port}", "127.0.0.1:1", "http://127.0.0.1:9/x",
                                        scrape_interval="1s").items():

@@ -81,11 +81,28 @@ class ClusterCollector:
         self.floor = int(loaded.cluster.overrides.free_floor_gib * GIB)
         endpoint = api.endpoint(loaded)
         self.fetch = fetch or (lambda: engine_metrics_text(endpoint))
+        self._engine_families: list[Metric] | None = None  # rank 0's, relabelled; None: not answering
 
     def collect(self):
         yield from self._ranks(self.sampling.snapshot())
         yield from self._engine()
         yield from self._supervisor()
+
+    def read_engine(self) -> None:
+        """Read rank 0's /metrics and keep it relabelled for the scrapes to come: `serve` calls this
+        once an interval in a thread of its own, so a scrape neither waits on the network nor parses
+        vLLM's text again."""
+        try:
+            families = list(relabel(self.fetch(), {"cluster": self.cluster, "profile": self.loaded.profile.name}))
+        except Exception:  # noqa: BLE001 -- an engine that is down is a value of sparkstack_engine_metrics_up
+            families = None
+        self._engine_families = families
+
+    def keep_reading_engine(self, interval: float, stop: threading.Event) -> None:
+        while True:
+            self.read_engine()
+            if stop.wait(interval):
+                return
 
     # -- the ranks ----------------------------------------------------------------------------------
     def _ranks(self, states: list[RankState]):
@@ -157,17 +174,12 @@ class ClusterCollector:
 
     # -- rank 0's vLLM ------------------------------------------------------------------------------
     def _engine(self):
-        up = GaugeMetricFamily("sparkstack_engine_metrics_up", "1 when rank 0's /metrics answered this scrape",
+        families = self._engine_families
+        up = GaugeMetricFamily("sparkstack_engine_metrics_up", "1 when rank 0's /metrics answered its last read",
                                labels=["cluster", "profile"])
-        try:
-            text = self.fetch()
-        except Exception:  # noqa: BLE001 -- an engine that is down is a value of this series
-            up.add_metric([self.cluster, self.loaded.profile.name], 0)
-            yield up
-            return
-        up.add_metric([self.cluster, self.loaded.profile.name], 1)
+        up.add_metric([self.cluster, self.loaded.profile.name], int(families is not None))
         yield up
-        yield from relabel(text, {"cluster": self.cluster, "profile": self.loaded.profile.name})
+        yield from families or ()
 
     # -- the supervisor -----------------------------------------------------------------------------
     def _supervisor(self):
@@ -279,8 +291,11 @@ def serve(loaded: Loaded, group, listen: str, interval: float, supervisor_log: P
         host, port = parse_listen(listen)
     except ValueError as e:
         raise SparkstackError(str(e)) from None
+    stop = stop or threading.Event()
     with Sampling(loaded, group, interval) as sampling:
         collector = ClusterCollector(loaded, sampling, supervisor_log)
+        threading.Thread(target=collector.keep_reading_engine, args=(interval, stop), daemon=True,
+                         name="rank 0 /metrics").start()
         try:
             server = http_server(host, port, registry(collector))
         except OSError as e:
@@ -291,11 +306,11 @@ def serve(loaded: Loaded, group, listen: str, interval: float, supervisor_log: P
                 f"(a sample every {interval:g} s per rank, one SSH channel each); Ctrl+C stops")
             if ready is not None:
                 ready(sampling, server.server_port)
-            stop = stop or threading.Event()
             while not stop.wait(3600):
                 pass
         except KeyboardInterrupt:
             say("stopped serving metrics")
         finally:
+            stop.set()
             server.shutdown()
             server.server_close()
