@@ -225,7 +225,13 @@ def test_top_draws_refreshes_and_quits(sandbox, loaded, key):
     tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "30")
     try:
         tmux("set-option", "-t", session, "remain-on-exit", "on")  # the exit status stays readable
-        tmux("respawn-pane", "-k", "-t", session, f"{SPARKSTACK} top -c {sandbox.config} --interval 0.5")
+        # 200 columns whatever clients another tmux user has on this server
+        tmux("set-option", "-t", session, "window-size", "manual")
+        tmux("resize-window", "-t", session, "-x", "200", "-y", "30")
+        # rich sizes to $COLUMNS when set (a test runner's may be 80): the terminal's own size here
+        tmux("respawn-pane", "-k", "-t", session,
+             f"env -u COLUMNS -u LINES {SPARKSTACK} top -c {sandbox.config} --interval 0.5")
+        assert tmux("display-message", "-p", "-t", session, "#{pane_width}").strip() == "200"
         first = wait_screen(session, lambda s: all(n in s for n in sandbox.names) and "sampled at" in s)
         assert "GPU not measured" in first and "MemAvailable" in first and "tokens/s" in first, first
         stamp = next(line for line in first.splitlines() if "sampled at" in line)
