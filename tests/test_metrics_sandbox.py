@@ -170,6 +170,10 @@ def test_prometheus_has_each_series_for_every_rank(loaded, prometheus):
 
 
 def test_every_dashboard_panel_returns_data(loaded, prometheus):
+    """Every panel but the GPU's (not measured here). The queue's waiting requests, KV cache use and
+    per-position acceptance need the stand-in's /metrics as vLLM 0.33 writes them (recorded from
+    vLLM's own stat logger: tests/golden/vllm-metrics-0.33.0.txt); an older stand-in leaves those
+    three panels empty, and this test says which."""
     cluster = config.cluster_name(loaded)
     empty = []
     for panel in dashboard.panels(monitoring.ACCEPTANCE_FLOOR):
