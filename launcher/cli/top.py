@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import click
 
-from .console import make_table, out, plain
+from .console import make_table, out, plain, print_table
 from .shared import json_option, trust_option, with_cluster
 
 BAR = 20
@@ -45,7 +45,10 @@ def top(loaded, interval, once, as_json, trust_new_hosts):
             if as_json:
                 click.echo(json.dumps(shown, indent=2))
             else:
-                out.print(_render(shown), width=max(out.width, 160))  # a pipe gets whole rows
+                table, *lines = _render(shown).renderables
+                print_table(table)  # a pipe or a log gets one line per rank
+                for line in lines:
+                    out.print(line)
             return
         _live(t, interval)
 
