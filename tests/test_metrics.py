@@ -291,3 +291,25 @@ def test_the_roce_counter_standin_follows_its_netdevs_bytes(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_serve_refuses_a_bad_listen_address_in_one_line(tmp_path):
+    """Before anything connects to a rank (the example's addresses are no host here): the
+    message names the option and the fix."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from launcher.cli.commands import main
+
+    example = str(ROOT / "env" / "cluster.example.yaml")
+    result = CliRunner().invoke(main, ["metrics", "serve", "-c", example, "--listen", "nowhere"])
+    assert result.exit_code != 0 and "expected HOST:PORT" in result.output and "Traceback" not in result.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["metrics", "serve", "-c", example, "--listen", f"127.0.0.1:{port}"])
+    assert result.exit_code != 0 and f"cannot listen on 127.0.0.1:{port}" in result.output, result.output
+    assert "pick another with --listen" in result.output and "Traceback" not in result.output
+    assert "serving metrics" not in result.output  # nothing was started

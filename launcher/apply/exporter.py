@@ -292,25 +292,26 @@ def serve(loaded: Loaded, group, listen: str, interval: float, supervisor_log: P
     except ValueError as e:
         raise SparkstackError(str(e)) from None
     stop = stop or threading.Event()
-    with Sampling(loaded, group, interval) as sampling:
-        collector = ClusterCollector(loaded, sampling, supervisor_log)
-        threading.Thread(target=collector.keep_reading_engine, args=(interval, stop), daemon=True,
-                         name="rank 0 /metrics").start()
-        try:
-            server = http_server(host, port, registry(collector))
-        except OSError as e:
-            raise SparkstackError(f"cannot listen on {host}:{port} ({e.strerror or e}); "
-                                  "pick another with --listen HOST:PORT") from None
-        try:
+    sampling = Sampling(loaded, group, interval)
+    collector = ClusterCollector(loaded, sampling, supervisor_log)
+    try:  # before anything connects to a rank
+        server = http_server(host, port, registry(collector))
+    except OSError as e:
+        raise SparkstackError(f"cannot listen on {host}:{port} ({e.strerror or e}); "
+                              "pick another with --listen HOST:PORT") from None
+    try:
+        with sampling:
+            threading.Thread(target=collector.keep_reading_engine, args=(interval, stop), daemon=True,
+                             name="rank 0 /metrics").start()
             say(f"serving metrics of {len(group.connections)} ranks at http://{host}:{server.server_port}/metrics "
                 f"(a sample every {interval:g} s per rank, one SSH channel each); Ctrl+C stops")
             if ready is not None:
                 ready(sampling, server.server_port)
             while not stop.wait(3600):
                 pass
-        except KeyboardInterrupt:
-            say("stopped serving metrics")
-        finally:
-            stop.set()
-            server.shutdown()
-            server.server_close()
+    except KeyboardInterrupt:
+        say("stopped serving metrics")
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
