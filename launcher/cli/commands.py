@@ -30,6 +30,8 @@ COMMANDS = {
     "stage": "launcher.cli.stage:stage",
     "manifest": "launcher.cli.manifest:manifest",
     "bench": "launcher.cli.bench:bench",
+    "metrics": "launcher.cli.metrics:metrics",
+    "top": "launcher.cli.top:top",
     "api-key": "launcher.cli.api_key:api_key",
     "ansible-inventory": "launcher.cli.ansible_inventory:ansible_inventory",
     "registry-prune": "launcher.cli.registry_prune:registry_prune",
@@ -41,8 +43,8 @@ COMMANDS = {
 # after every boot, then day to day, then the sandbox to try it on. A command may be in two.
 SECTIONS = (
     ("First bring-up", ("init", "fetch", "check", "up")),
-    ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "logs", "down",
-                                                   "systemd-unit")),
+    ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "top", "logs", "down",
+                                                   "metrics", "systemd-unit")),
     ("Day to day", ("plan", "profiles", "build", "ship", "stage", "manifest", "bench", "api-key",
                     "ansible-inventory", "registry-prune", "restore")),
     ("Try it without Sparks", ("sandbox",)),

@@ -43,7 +43,7 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     failure, re-deploy on every rank after a backoff (keep.backoff_s, doubling), and give up with
     every rank stopped after keep.max_restarts_per_hour, or when a rank's memory does not come
     back (memory_guard.serving.memory_back_s). Events go to a log `status` reads (each failure's
-    cause with what changed since the last good start), and a Prometheus textfile beside it.
+    cause with what changed since the last good start); `sparkstack metrics serve` exports them.
     Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
     from ..apply import cluster_lock, deploy
@@ -76,7 +76,7 @@ def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say) -> None:
     from ..apply import cluster_lock, deploy, supervisor
 
     log = supervisor.EventLog(supervisor.log_path(loaded))
-    say(f"supervising {loaded.profile.name}: events in {log.path}, metrics in {log.path.with_suffix('.prom')}")
+    say(f"supervising {loaded.profile.name}: events in {log.path} (`sparkstack metrics serve` exports them)")
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         supervisor.Supervisor(loaded, group, log, wait_timeout, say).run()
 
