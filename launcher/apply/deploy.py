@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import load_progress, memguard, prep, serve
+from . import history, load_progress, memguard, prep, serve
 from .cluster_lock import ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
@@ -39,10 +39,19 @@ class UpReport:
     starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
     memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
+    verify: dict = field(default_factory=dict)  # history.verdict of the verification, once run
+    entry: history.Entry | None = None  # what was recorded in the deploy history
+    plan: planning.Plan | None = None
+    gathered: object = None
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
-                "memory": [m.to_json() for m in self.memory]}
+                "memory": [m.to_json() for m in self.memory], "verify": self.verify,
+                "history_entry": self.entry.id if self.entry else None}
+
+
+class VerifyFailed(SparkstackError):
+    """The engines started and the API answers, but what it serves failed verification."""
 
 
 def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
@@ -51,14 +60,64 @@ def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
 
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
-       say=print) -> UpReport:
+       say=print, verify=None, image: str | None = None, how: str = "up",
+       record: bool = True, report: UpReport | None = None) -> UpReport:
     """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
-    (module docstring)."""
-    report = UpReport()
+    → verify → record (module docstring). `verify(loaded)`: the verification, a result with
+    `.ok` (None: none available, recorded as such); one that fails stops every rank and raises
+    VerifyFailed. `image`: serve this ref, already on every rank (rollback), instead of the
+    profile's (nothing built or shipped). `record`: add the deploy to the history. `report`:
+    filled as it goes (the caller keeps what was planned when it raises)."""
+    report = report or UpReport()
     try:
-        return _up(loaded, group, report, restart, wait_timeout, say)
+        _up(loaded, group, report, restart, wait_timeout, say, image)
+        _verify(loaded, group, report, verify, say)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
+    if record:
+        _record(loaded, group, report, how)
+    return report
+
+
+def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None:
+    """The seam where the served model's verification enters: none given is recorded as not
+    available; a failure leaves nothing serving."""
+    if verify is None:
+        report.verify = history.verdict(None)
+        return
+    say("verifying what the API serves")
+    result = verify(loaded)
+    report.verify = history.verdict(result)
+    if not result.ok:
+        stopped = serve.stop_and_say(group)
+        raise VerifyFailed(f"the API answers but what it serves failed verification: "
+                           f"{report.verify['message'] or report.verify['figures']}; {stopped}. "
+                           "Fix: go back to a deploy that verified (`sparkstack rollback`), or fix the "
+                           "image or profile and run `sparkstack up` again")
+    report.steps.append("verified")
+
+
+def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
+    """A good deploy into the history, unless the last entry is this very deploy (an `up` that
+    found it running as planned adds nothing)."""
+    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify)
+    path = history.path_for(loaded)
+    last = next((e for e in reversed(history.load(path)) if e.outcome == history.SERVING), None)
+    if not report.changed and last is not None and last.same_deploy(entry):
+        report.entry = last
+        return
+    report.entry = history.add(path, entry)
+
+
+def deployed_entry(loaded: Loaded, group: Group, the_plan: planning.Plan, gathered, how: str,
+                   **kw) -> history.Entry:
+    """A history entry for `the_plan`: the image's ID as each rank has it, the checkpoint's
+    fingerprint as each rank's probe read it."""
+    found = ranks.image_ids(group, [the_plan.image])
+    ids = {t.rank: (have or {}).get(the_plan.image) for t, have, _why in found}
+    prints = {r: (f.checkpoint.fingerprint if f and f.checkpoint else None)
+              for r, f in (gathered.facts if gathered else {}).items()}
+    return history.entry_for(loaded.profile.name, the_plan, ids, prints, how=how, **kw)
 
 
 def _after_interrupt(group: Group, report: UpReport, say) -> str:
@@ -75,7 +134,7 @@ def _after_interrupt(group: Group, report: UpReport, say) -> str:
 
 
 def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
-        say) -> UpReport:
+        say, image: str | None = None) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
@@ -83,7 +142,8 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("prepared the nodes")
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
-    the_plan = preflight(loaded, group)  # the image row is settled below
+    the_plan, report.gathered = preflight_gathered(loaded, group, image)  # the image row is settled below
+    report.plan = the_plan
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
@@ -100,7 +160,8 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         ensure_held()
-        _ensure_images(loaded, the_plan.image, group, report, say)
+        if image is None:  # a pinned image (rollback) is on every rank already: checked before
+            _ensure_images(loaded, the_plan.image, group, report, say)
         ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
@@ -140,12 +201,17 @@ def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan
 def preflight(loaded: Loaded, group: Group, image: str | None = None) -> planning.Plan:
     """Gather, plan, judge over the open Group: a failed row raises CheckFailed, nothing is
     started (the image row aside: `up` builds and ships after this); else the plan."""
+    return preflight_gathered(loaded, group, image)[0]
+
+
+def preflight_gathered(loaded: Loaded, group: Group, image: str | None = None):
+    """preflight, and the gathered value it judged (the history reads the ranks' facts)."""
     gathered = cluster.gather(loaded, group, image)
     the_plan, refused = _plan(loaded, gathered)
     refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:
         raise refused
-    return the_plan
+    return the_plan, gathered
 
 
 def _plan(loaded: Loaded, gathered) -> tuple[planning.Plan | None, SparkstackError | None]:

@@ -22,6 +22,9 @@ COMMANDS = {
     "status": "launcher.cli.status:status",
     "logs": "launcher.cli.logs:logs",
     "down": "launcher.cli.down:down",
+    "upgrade": "launcher.cli.upgrade:upgrade",
+    "rollback": "launcher.cli.rollback:rollback",
+    "history": "launcher.cli.history:history",
     "systemd-unit": "launcher.cli.systemd_unit:systemd_unit",
     "plan": "launcher.cli.plan:plan",
     "profiles": "launcher.cli.profiles:profiles",
@@ -41,7 +44,7 @@ COMMANDS = {
 SECTIONS = (
     ("First bring-up", ("init", "fetch", "check", "up")),
     ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "logs", "down",
-                                                   "systemd-unit")),
+                                                   "upgrade", "rollback", "history", "systemd-unit")),
     ("Day to day", ("plan", "profiles", "build", "ship", "stage", "manifest", "bench", "api-key",
                     "ansible-inventory", "registry-prune")),
     ("Try it without Sparks", ("sandbox",)),
