@@ -117,7 +117,7 @@ def deployed_entry(loaded: Loaded, group: Group, the_plan: planning.Plan, gather
     ids = {t.rank: (have or {}).get(the_plan.image) for t, have, _why in found}
     prints = {r: (f.checkpoint.fingerprint if f and f.checkpoint else None)
               for r, f in (gathered.facts if gathered else {}).items()}
-    return history.entry_for(loaded.profile.name, the_plan, ids, prints, how=how, **kw)
+    return history.entry_for(loaded.profile.name, the_plan, ids, prints, how=how, config=str(loaded.path), **kw)
 
 
 def _after_interrupt(group: Group, report: UpReport, say) -> str:

@@ -57,6 +57,7 @@ class Entry:
     error: str | None = None
     downtime_s: float | None = None
     note: str | None = None  # e.g. "rolled back to entry 3 after ..."
+    config: str | None = None  # the cluster.yaml it was planned from: a rollback plans from it again
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -105,7 +106,7 @@ def verdict(result) -> dict:
 
 def entry_for(profile: str, plan, image_ids: dict[int, str | None], checkpoints: dict[int, str | None],
               *, how: str, outcome: str = SERVING, verify: dict | None = None, error: str | None = None,
-              at: str | None = None, plan_hash=None) -> Entry:
+              at: str | None = None, plan_hash=None, config: str | None = None) -> Entry:
     """An entry (id 0: `add` numbers it) from the plan that was started and what the ranks hold."""
     from .serve import plan_hash as default_hash
 
@@ -113,7 +114,7 @@ def entry_for(profile: str, plan, image_ids: dict[int, str | None], checkpoints:
     ranks = [RankDeploy(r.rank, r.host, image_ids.get(r.rank), checkpoints.get(r.rank), hash_of(r),
                         env_hash(r.env), masked_argv(r.engine, r.env, plan.secret_env)) for r in plan.ranks]
     return Entry(0, at or now(), how, outcome, profile, plan.image, ranks, verify or dict(NOT_AVAILABLE),
-                 redact.scrub(error) if error else None)
+                 redact.scrub(error) if error else None, config=config)
 
 
 def now() -> str:

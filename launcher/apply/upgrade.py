@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import deploy, history, serve
 from ..errors import Interrupted, SparkstackError
@@ -72,6 +73,11 @@ def image_problems(entry: history.Entry, found: list[tuple]) -> list[str]:
     return out
 
 
+def refuse(plan: RollbackPlan) -> None:
+    if plan.problems:
+        raise SparkstackError("cannot roll back, nothing was changed:\n" + "\n".join(plan.problems))
+
+
 def running_hashes(group: Group) -> dict[int, str | None]:
     return {s.rank: (s.plan_hash if s.state == "running" else None) for s in serve.states(group)}
 
@@ -90,17 +96,38 @@ def rollback(loaded: Loaded, group: Group, plan: RollbackPlan, *, verify=None, w
              say=print, note: str | None = None) -> deploy.UpReport:
     """The plan's entry serves again: every rank stopped, its deploy started from the image each
     rank holds, verified, recorded (how: rollback)."""
-    if plan.problems:
-        raise SparkstackError("cannot roll back, nothing was changed:\n" + "\n".join(plan.problems))
+    refuse(plan)
     target = plan.target
-    again = config_mod.load(loaded.path, target.profile)
+    again = config_mod.load(config_for(target, loaded), target.profile)
     say(f"rolling back to entry {target.id} ({target.profile}, {target.image})")
     deploy.down(again, group, say=say)
     report = deploy.up(again, group, restart=True, wait_timeout=wait_timeout, say=say, verify=verify,
                        image=target.image, how="rollback")
+    changed = plan_changes(target, report.entry)
+    if changed:
+        say(f"note: {changed}")
     if report.entry is not None:
         _annotate(loaded, report.entry.id, note=note or f"rolled back to entry {target.id}")
     return report
+
+
+def config_for(target: history.Entry, loaded: Loaded) -> Path:
+    """The cluster.yaml the entry was planned from, when it is still there; else this one."""
+    was = Path(target.config) if target.config else None
+    return was if was is not None and was.is_file() else loaded.path
+
+
+def plan_changes(target: history.Entry, now: history.Entry | None) -> str | None:
+    """Which ranks' plans differ from the entry's (the config or profile changed since): said,
+    since a rollback re-plans the entry's profile with its image, not its exact argv."""
+    if now is None:
+        return None
+    was = {r.rank: r.plan_hash for r in target.ranks}
+    differ = [r.rank for r in now.ranks if was.get(r.rank) != r.plan_hash]
+    if not differ:
+        return None
+    return (f"rank {', '.join(map(str, differ))}: the plan differs from entry {target.id}'s (the config or the "
+            f"profile changed since); serving entry {target.id}'s image with today's plan of {target.profile}")
 
 
 # --- upgrade ------------------------------------------------------------------------------------

@@ -24,10 +24,11 @@ def rollback(loaded, entry, as_json, dry_run, trust_new_hosts, wait_lock, wait_t
     default the last good deploy before the one running now.
 
     \b
-    The entry's profile is planned again from this config and started from the image ID each
-    rank still holds: nothing is built or shipped. A rank that no longer has that image is
-    named, with the fix, and nothing is changed. Then: every rank's engine stopped, the entry's
-    deploy started, the API waited for, the deploy recorded as a new entry (how: rollback).
+    The entry's profile is planned again from the cluster.yaml it was planned from (this one if
+    that file is gone; a plan that differs from the entry's is said) and started from the image
+    ID each rank still holds: nothing is built or shipped. A rank that no longer has that image
+    is named, with the fix, and nothing is changed. Then: every rank's engine stopped, the
+    entry's deploy started, the API waited for, the deploy recorded as a new entry (how: rollback).
     --dry-run prints the plan; --json prints {"plan": {"target", "current", "problems"}} and,
     after a rollback, "report".
     """
@@ -36,14 +37,15 @@ def rollback(loaded, entry, as_json, dry_run, trust_new_hosts, wait_lock, wait_t
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     with deploy.group_for(loaded, trust_new_hosts, say) as group:
         plan = upgrade.plan_rollback(loaded, group, entry)
-        if dry_run or plan.problems:
+        if dry_run:
             if as_json:
                 click.echo(json.dumps({"plan": plan.to_json()}, indent=2))
             else:
                 for line in plan.lines():
                     out.print(line, markup=False, highlight=False)
-            if dry_run and not plan.problems:
-                return
+            upgrade.refuse(plan)  # a plan that cannot be carried out exits non-zero, --dry-run or not
+            return
+        upgrade.refuse(plan)
         with cluster_lock.held(loaded, group, wait_lock, say):
             report = upgrade.rollback(loaded, group, plan, wait_timeout=wait_timeout, say=say)
     if as_json:

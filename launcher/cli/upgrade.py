@@ -27,7 +27,8 @@ def upgrade(loaded, as_json, trust_new_hosts, wait_lock, bwlimit, wait_timeout):
     While the old deploy serves: the new image is built here and shipped to the ranks that
     lack it, and the checkpoint staged where model.local_path is set (both capped at --bwlimit;
     the staged copy keeps out of the page cache, which on a GB10 is the GPU's memory). Then the
-    swap: old down, new up (the same checks as `up`), verified, recorded in the history. When the
+    swap: old down, new up (the same checks as `up`), verified where a verification is available
+    (the history records whether one ran), recorded in the history. When the
     new start fails, trips a guard or fails verification, it is recorded as failed and the last
     good deploy (its image still on every rank) is started again by itself; both are reported
     and the command exits 1. The downtime (old API stopped -> new API verified) is printed.
