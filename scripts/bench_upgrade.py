@@ -24,16 +24,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-SPARKSTACK = str(Path(sys.executable).parent / "sparkstack")
-
-
-def run(*args: str) -> tuple[float, str]:
-    started = time.monotonic()
-    proc = subprocess.run([SPARKSTACK, *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"sparkstack {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
-    return time.monotonic() - started, proc.stdout
+from bench_up import ROOT, run  # scripts/ is this script's own folder: (wall seconds, stdout), exits on failure
 
 
 def variant(config: str, work: Path) -> str:
