@@ -99,11 +99,13 @@ def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None
 
 def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
     """A good deploy into the history, unless the last entry is this very deploy (an `up` that
-    found it running as planned adds nothing)."""
+    found it running as planned, or a restart of it after a boot or by the supervisor, adds
+    nothing: the history is of what changed)."""
     entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify)
     path = history.path_for(loaded)
-    last = next((e for e in reversed(history.load(path)) if e.outcome == history.SERVING), None)
-    if not report.changed and last is not None and last.same_deploy(entry):
+    entries = history.load(path)
+    last = entries[-1] if entries else None
+    if last is not None and last.outcome == history.SERVING and last.same_deploy(entry):
         report.entry = last
         return
     report.entry = history.add(path, entry)
