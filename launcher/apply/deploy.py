@@ -75,7 +75,10 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
     if record:
-        _record(loaded, group, report, how)
+        try:
+            _record(loaded, group, report, how)
+        except (SparkstackError, OSError) as e:  # serving all the same: the history is not the cluster
+            say(f"WARN: this deploy was not recorded in the history: {getattr(e, 'message', e)}")
     return report
 
 
@@ -86,7 +89,10 @@ def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None
         report.verify = history.verdict(None)
         return
     say("verifying what the API serves")
-    result = verify(loaded)
+    try:
+        result = verify(loaded)
+    except SparkstackError as e:  # could not verify: not called serving either
+        raise VerifyFailed(f"the verification could not run: {e.message}; {serve.stop_and_say(group)}") from None
     report.verify = history.verdict(result)
     if not result.ok:
         stopped = serve.stop_and_say(group)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import deploy, history, serve
+from .cluster_lock import LockLost
 from ..errors import Interrupted, SparkstackError
 from ..inputs import config as config_mod
 from ..inputs.config import Loaded
@@ -164,8 +165,8 @@ def upgrade(loaded: Loaded, group: Group, *, verify=None, bwlimit: int = 0, wait
         deploy.down(loaded, group, say=say)  # the old API is gone from here
         deploy.up(loaded, group, restart=True, wait_timeout=wait_timeout, say=say, verify=verify,
                   how="upgrade", report=up)
-    except Interrupted:
-        raise
+    except (Interrupted, LockLost):
+        raise  # stopped by the operator, or the cluster is another operator's now: not ours to roll back
     except SparkstackError as e:
         failed = _record_failed(loaded, group, up, e)
         raise _roll_back_after(loaded, group, old, failed, e, swap_at, verify, wait_timeout, say) from None
