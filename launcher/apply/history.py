@@ -209,11 +209,11 @@ def short(image_id: str | None) -> str:
     return (image_id or "none").removeprefix("sha256:")[:12]
 
 
-def line(e: Entry, current_id: int | None = None) -> str:
+def line(e: Entry) -> str:
     ids = sorted({short(r.image_id) for r in e.ranks})
     checkpoint = sorted({(r.checkpoint or "unknown")[:12] for r in e.ranks})
     v = e.verify.get("status", "?")
-    parts = [f"{'*' if e.id == current_id else ' '}{e.id:>3}  {e.at}  {e.how:<8} {e.outcome:<7} {e.profile}",
+    parts = [f"{e.id:>4}  {e.at}  {e.how:<8} {e.outcome:<7} {e.profile}",
              f"image {e.image} ({', '.join(ids)})", f"checkpoint {', '.join(checkpoint)}", f"verify {v}"]
     if e.downtime_s is not None:
         parts.append(f"downtime {e.downtime_s:.1f} s")
