@@ -60,6 +60,9 @@ CASES = {
     "relative host nccl": (set_in(["nccl"], {"host_lib": "lib/libnccl.so.2"}), ["nccl.host_lib: must be an absolute path"]),
     "nccl env without a lib": (set_in(["nccl"], {"env": {"NCCL_SWITCHLESS_RING_ONLY": "1"}}),
                                ["nccl:", "give `host_lib` too"]),
+    "serving guard floors upside down": (set_in(["memory_guard"], {"serving": {"soft_free_gib": 2}}),
+                                         ["memory_guard.serving:", "hard_available_gib (3) must be below "
+                                          "soft_free_gib (2)"]),
 }
 
 

@@ -121,3 +121,74 @@ def test_it_ends_when_nobody_reads(tmp_path):
     process.stdout.readline()
     process.stdout.close()
     assert process.wait(timeout=10) == 0
+
+
+# -- the serving mode: detached on the rank, its events in a file, ended by its container -------
+
+def serving_watcher(tmp_path: Path, container_id: str, **args) -> subprocess.Popen:
+    """The watcher as launcher/apply/servguard.py starts it (log and pid file relative to its
+    directory), stdout unread: in this mode it writes nothing there."""
+    return start_watcher(tmp_path, container_id=container_id, log=str(tmp_path / "events.jsonl"),
+                         pidfile=str(tmp_path / "guard.pid"), max_s=0, **{"check_s": 0.3, **args})
+
+
+def logged(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_logged(tmp_path: Path, test, limit_s: float = 20) -> list[dict]:
+    deadline = time.monotonic() + limit_s
+    while not test(logged(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return logged(tmp_path)
+
+
+def test_serving_mode_logs_its_events_with_figures_and_ends_with_its_container(tmp_path):
+    """A cache drop below the soft floor is logged with the figures before and after, the floor
+    and the container's ID; no sample goes to the file, nothing to stdout (nobody reads it);
+    a container Docker does not know ends the watcher within its check interval."""
+    meminfo = tmp_path / "meminfo"
+    write_meminfo(meminfo, free_kb=5 * GIB // KIB, available_kb=60 * GIB // KIB)
+    relief = f"{shlex.quote(sys.executable)} -c " + shlex.quote(
+        _rewrite_script(meminfo, free_kb=50 * GIB // KIB, available_kb=60 * GIB // KIB))
+    cid = f"sparkstack-test-gone-{uuid.uuid4().hex}"
+    process = serving_watcher(tmp_path, cid, relief=relief)
+    assert process.wait(timeout=30) == 0
+    assert process.stdout.read() == ""
+    seen = logged(tmp_path)
+    assert [e["event"] for e in seen] == ["start", "relief", "end"], seen
+    relief_event = seen[1]
+    assert relief_event["free_before"] == 5 * GIB and relief_event["free"] == 50 * GIB
+    assert relief_event["soft_free"] == 8 * GIB and relief_event["rc"] == 0
+    assert all(e["container_id"] == cid and e["at"] > 1.7e9 for e in seen)
+    assert seen[-1]["why"] == "the engine container is gone"
+
+
+def test_serving_mode_hard_floor_kills_the_container_by_id(tmp_path):
+    """Below the hard floor it kills the container it was started for (its ID, not the name a
+    newer container may hold) and logs the figures and the floor."""
+    write_meminfo(tmp_path / "meminfo", free_kb=1 * GIB // KIB, available_kb=2 * GIB // KIB)
+    cid = f"sparkstack-test-id-{uuid.uuid4().hex}"
+    process = serving_watcher(tmp_path, cid)
+    assert process.wait(timeout=30) == 3
+    seen = logged(tmp_path)
+    assert [e["event"] for e in seen] == ["start", "hard", "killed"], seen
+    assert seen[1]["avail"] == 2 * GIB and seen[1]["hard_available"] == 3 * GIB
+    assert seen[2]["rc"] != 0 and cid in seen[2]["why"]
+
+
+def test_serving_mode_gives_way_to_a_newer_guard(tmp_path):
+    """One guard per rank: when a newer one writes its pid, this one ends (the pid file is read
+    before Docker is asked, so the unknown container here is not what ends it)."""
+    write_meminfo(tmp_path / "meminfo", free_kb=100 * GIB // KIB, available_kb=110 * GIB // KIB)
+    process = serving_watcher(tmp_path, f"sparkstack-test-{uuid.uuid4().hex}", check_s=2)
+    try:
+        wait_logged(tmp_path, lambda e: e and (tmp_path / "guard.pid").exists())
+        assert (tmp_path / "guard.pid").read_text() == str(process.pid) or process.poll() is None
+        (tmp_path / "guard.pid").write_text("1")
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert logged(tmp_path)[-1]["why"] == "a newer guard took over"

@@ -31,7 +31,12 @@ def test_plan_matches_golden(write_config, profile, monkeypatch, golden):
 
 def test_plan_json_shape(write_config):
     data = plan_json(write_config())
-    assert set(data) == {"profile", "ranks", "kv", "vllm_guard", "api", "load", "assumed", "notes"}
+    assert set(data) == {"profile", "ranks", "kv", "vllm_guard", "api", "load", "assumed", "notes", "keep",
+                         "memory_guard_serving"}
+    assert data["keep"]["liveness"] == {"enabled": True, "interval_s": 30.0, "grace_s": 300.0,
+                                        "stalled_checks": 6}
+    assert data["memory_guard_serving"]["soft_free_gib"] == 6.0  # the defaults shown (config.py says why)
+    assert data["memory_guard_serving"]["hard_available_gib"] == 3.0
     assert data["profile"] == {"name": "keys-1m-dcp4", "source": "config"}
     assert set(data["kv"]) == {"bytes_per_token", "kv_cache_memory_bytes", "max_tokens", "policy",
                                "target", "free_floor", "per_rank"}
@@ -39,6 +44,13 @@ def test_plan_json_shape(write_config):
                                               "mem_available", "free_while_serving"}
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert set(data["ranks"][0]) == {"rank", "host", "env", "docker_run", "engine"}
+
+
+def test_plan_shows_the_supervisors_settings(write_config):
+    cfg = write_config(lambda d: d.update(keep={"liveness": {"interval_s": 5, "stalled_checks": 4}}))
+    text = CliRunner().invoke(main, ["plan", "-c", str(cfg), "--offline"]).output
+    assert ("keep up --keep: every 10 s each rank's container and /health (3 misses fail); liveness "
+            "every 5 s after 300 s: 4 checks in a row with requests and no token are a wedge") in " ".join(text.split()), text
 
 
 def seed_text(name):

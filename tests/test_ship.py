@@ -1,5 +1,6 @@
 """Shipping against the sandbox: real registry, real SSH forwards, each rank's own dockerd."""
 
+import functools
 import io
 import json
 import os
@@ -17,7 +18,8 @@ from click.testing import CliRunner
 
 from launcher.inputs import config
 from launcher.gather import ranks
-from launcher.images import relay, ship, spool
+from launcher.images import pushed, registry, relay, ship, spool
+from launcher.images.local_docker import connect
 from launcher.cli.commands import main
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -81,7 +83,17 @@ def ship_refs(group, client, refs):
     return ship.apply(plan, group, say=lambda line: None)
 
 
-def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, group, client, images):
+@pytest.fixture
+def own_registry(tmp_path, monkeypatch):
+    """This host's registry and spool in tmp_path: what a ship pushes is this test's alone."""
+    storage = tmp_path / "registry"
+    monkeypatch.setattr(registry, "STORAGE", storage)
+    monkeypatch.setattr(registry, "LocalRegistry", functools.partial(registry.LocalRegistry, storage=storage))
+    monkeypatch.setattr(spool, "SPOOL", tmp_path / "spool")
+    return storage
+
+
+def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, group, client, images, own_registry):
     base, top = images
     first = ship_refs(group, client, [base])
     assert [r.status for r in first.ranks] == ["shipped"] * 4, [r.error for r in first.ranks]
@@ -100,19 +112,26 @@ def test_ship_then_nothing_moves_and_only_the_top_layer_moves_next(sandbox, grou
 
     layer = client.images.get(top).history()[1]["Size"]  # the RUN layer (LABEL adds none)
     assert 1_900_000 < layer < 2_200_000
+    # the base in this host's registry (as a first change over it leaves it): a change over it
+    # is pushed, and only the change is read back
+    base_id = client.images.get(base).id
+    base_layers = connect().diff_ids(base_id)
+    pushed.fill(registry.LocalRegistry(), base_id, base_layers, len(base_layers))
     second = ship_refs(group, client, [top])
+    assert second.sources[top].how == "push", second.sources[top]
     for r in second.ranks:
         assert r.status == "shipped"
         # random bytes do not compress: the layer itself crossed, and little else
         assert 0.95 * layer <= r.bytes <= 1.1 * layer, f"rank {r.rank} moved {r.bytes} B for a {layer} B layer"
 
 
-def build_scratch(client, name: str, payload_bytes: int) -> str:
-    """An image FROM scratch (one layer of random bytes): no rank has any of it."""
+def build_scratch(client, name: str, payload_bytes: int, parent: str = "scratch") -> str:
+    """An image FROM scratch (one layer of random bytes): no rank has any of it. Or that layer
+    over `parent` (COPY: no shell needed in it)."""
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
-        for member, data in (("payload", os.urandom(payload_bytes)),
-                             ("Dockerfile", f"FROM scratch\nCOPY payload /payload\n"
+        for member, data in ((f"payload-{name}", os.urandom(payload_bytes)),
+                             ("Dockerfile", f"FROM {parent}\nCOPY payload-{name} /payload-{name}\n"
                                             f"LABEL org.sparkstack.test={RUN_ID}\n".encode())):
             info = tarfile.TarInfo(member)
             info.size = len(data)
@@ -528,7 +547,7 @@ def test_relay_without_a_registry_on_rank_0_says_so(sandbox, client, images):
         client.images.remove(ref, force=True)
 
 
-def test_cli_json_and_dry_run(sandbox, group, client, images):
+def test_cli_json_and_dry_run(sandbox, group, client, images, own_registry):
     """`ship --dry-run --json`: per rank, what it lacks (an image every rank has is not listed);
     nothing moves, no pull starts, nothing on the ranks changes."""
     base, _ = images
@@ -541,8 +560,14 @@ def test_cli_json_and_dry_run(sandbox, group, client, images):
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         hosts = [sandbox.rank(n)["address"] for n in sandbox.names]
+        sources = data.pop("sources")
         assert data == {"ranks": [{"rank": i, "host": hosts[i], "images": [fresh], "bytes": 0, "missing": 0, "seconds": 0.0,
                                    "status": "planned", "error": None} for i in range(4)]}
+        # the ranks hold its base: the choice between saving the whole image and pushing, with
+        # its numbers; nothing pushed for a dry run
+        assert [(s["ref"], s["how"] in ("push", "save")) for s in sources] == [(fresh, True)], sources
+        assert "the ranks lack" in sources[0]["why"] and sources[0]["seconds"] > 0
+        assert not own_registry.exists()
         assert image_events_since(sandbox, since) == {n: [] for n in sandbox.names}
         assert images_on_ranks(sandbox) == before
         assert all(rank_image_id(sandbox, n, fresh) is None for n in sandbox.names)

@@ -454,7 +454,7 @@ def test_metrics_count_tokens_and_spec_decode(seed):
     assert delta("vllm:generation_tokens_total") == 30
     assert delta("vllm:prompt_tokens_total") == usage["prompt_tokens"]
     assert delta("vllm:time_to_first_token_seconds_count") == 1
-    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",model_name="glm",le="+Inf"}' in after
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="glm"}' in after
     assert metric(after, "vllm:num_requests_running") == 0
     drafts, accepted = metric(after, "vllm:spec_decode_num_drafts_total"), metric(
         after, "vllm:spec_decode_num_accepted_tokens_total")

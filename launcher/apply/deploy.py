@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import history, load_progress, memguard, prep, serve
-from .cluster_lock import ensure_held
+from . import history, last_good, load_progress, memguard, prep, serve, servguard
+from .cluster_lock import LockLost, ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
 from ..gather import cluster, here, ranks
@@ -39,6 +39,7 @@ class UpReport:
     starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
     memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
+    since: last_good.Since | None = None  # what changed since the last good start, as gathered
     verify: dict = field(default_factory=dict)  # history.verdict of the verification, once run
     entry: history.Entry | None = None  # what was recorded in the deploy history
     plan: planning.Plan | None = None
@@ -74,6 +75,11 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
         _verify(loaded, group, report, verify, say)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
+    except SparkstackError as e:
+        if report.since and report.since.changes and not isinstance(e, (Interrupted, LockLost)):
+            e.message = last_good.said(e.message, report.since)  # what changed on a rank, said last
+            e.args, e.since = (e.message,), report.since
+        raise
     if record:
         try:
             _record(loaded, group, report, how)
@@ -150,14 +156,15 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("prepared the nodes")
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
-    the_plan, report.gathered = preflight_gathered(loaded, group, image)  # the image row is settled below
-    report.plan = the_plan
+    current = serve.states(group)
+    gathered = report.gathered = cluster.gather(loaded, group, image)
+    report.since = last_good.since_gathered(loaded, gathered, {s.rank for s in current if s.state == "running"})
+    the_plan = report.plan = judged(loaded, gathered)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
     wait_timeout = the_plan.wait_timeout(wait_timeout)  # a slow checkpoint link waits longer (issue 15)
     report.steps.append("checked every rank")
-    current = serve.states(group)
     if serve.is_current(current, the_plan) and not restart:
         say("already running as planned: nothing to change (--restart forces a new start)")
         _wait(loaded, group, report, wait_timeout, say, None, the_plan.load)
@@ -169,7 +176,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         ensure_held()
         if image is None:  # a pinned image (rollback) is on every rank already: checked before
-            _ensure_images(loaded, the_plan.image, group, report, say)
+            _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
         ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
@@ -184,8 +191,21 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
     report.steps.append("the API answers")
+    if servguard.start(loaded, group, say=say):  # the rank's own guard from now on (issue 29)
+        report.steps.append("the memory guard watches every rank")
+    if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
+        # the image's ID here when it is here: what was shipped to a rank that lacked it
+        last_good.record(loaded, gathered, _serving_memory(group, report), build.local_base_id(gathered.image))
     report.seconds = time.monotonic() - started
     return report
+
+
+def _serving_memory(group: Group, report: UpReport) -> dict[int, int]:
+    """Each rank's MemAvailable now it serves: the guard's last sample, else read (guard off)."""
+    seen = {m.rank: m.samples[-1][1] for m in report.memory if m.samples}
+    unseen = [c.target.rank for c in group.connections if c.target.rank not in seen]
+    read = prep.read_mem_available(group, unseen) if unseen else {}
+    return {**seen, **{r: v for r, v in read.items() if isinstance(v, int)}}
 
 
 def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan, report: UpReport, say) -> None:
@@ -209,17 +229,30 @@ def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan
 def preflight(loaded: Loaded, group: Group, image: str | None = None) -> planning.Plan:
     """Gather, plan, judge over the open Group: a failed row raises CheckFailed, nothing is
     started (the image row aside: `up` builds and ships after this); else the plan."""
-    return preflight_gathered(loaded, group, image)[0]
+    return judged(loaded, cluster.gather(loaded, group, image))
 
 
-def preflight_gathered(loaded: Loaded, group: Group, image: str | None = None):
-    """preflight, and the gathered value it judged (the history reads the ranks' facts)."""
-    gathered = cluster.gather(loaded, group, image)
+def judged(loaded: Loaded, gathered) -> planning.Plan:
+    """The plan from what was gathered, judged: a failed row raises CheckFailed."""
     the_plan, refused = _plan(loaded, gathered)
     refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:
         raise refused
-    return the_plan, gathered
+    return the_plan
+
+
+def _images_seen(gathered, image: str) -> dict[int, dict[str, str]] | None:
+    """Per rank, the serving image's ID as its probe listed it ({} where it has none): what the
+    ship plans from without asking the ranks again. None when a rank's Docker was not listed."""
+    seen = {}
+    for r, g in gathered.ranks.items():
+        if g.facts is None or g.facts.docker is None or g.facts.docker.server_version is None:
+            return None
+        found = g.facts.docker.image(image)
+        if found and not (found.id.startswith("sha256:") and len(found.id) == 71):
+            return None  # a short ID (`docker images` without inspect): ask the ranks
+        seen[r] = {image: found.id} if found else {}
+    return seen
 
 
 def _plan(loaded: Loaded, gathered) -> tuple[planning.Plan | None, SparkstackError | None]:
@@ -287,8 +320,11 @@ def _wait(loaded: Loaded, group: Group, report: UpReport, wait_timeout: float, s
                               + "\n".join(problems)) from None
 
 
-def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say) -> None:
-    """Build and ship only when a rank lacks the serving image (by image ID)."""
+def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say,
+                   seen: dict[int, dict[str, str]] | None = None) -> None:
+    """Build and ship only when a rank lacks the serving image (by image ID). `seen`: each
+    rank's image IDs as this command's probe listed them (one probe per rank per command);
+    else the ranks are asked."""
     try:
         ids = ship.local_image_ids([image])  # Docker's socket: docker-py is not imported
     except SparkstackError:
@@ -300,7 +336,12 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
         build.build_chain(local_docker.connect(), build.local_chain(loaded))
         ids = ship.local_image_ids([image])
         report.steps.append("built the image chain")
-    shipment = ranks.ship_plan(group, ids)
+    if seen is not None and set(seen) == {c.target.rank for c in group.connections}:
+        shipment = ship.plan_for(ids, [(c.target, seen[c.target.rank], None) for c in group.connections])
+        if shipment.needed:
+            ship.plan_layers(shipment, group)
+    else:
+        shipment = ranks.ship_plan(group, ids)
     if shipment.needed:
         ship.apply(shipment, group, say=say)
         report.steps.append("shipped " + image)

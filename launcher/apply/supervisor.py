@@ -1,11 +1,16 @@
 """`up --keep`: bring the cluster up, then keep it serving.
 
 In TP4 one dead rank (an engine crash, a rank rebooted, an NCCL timeout) leaves the API hung or
-dead. The supervisor checks every rank's container and the API every `keep.check_interval_s`;
+dead. The supervisor checks every rank's container and the API every `keep.check_interval_s`, and
+the engine's token progress (launcher/apply/liveness.py: a wedged engine still answers /health);
 on a failure it re-deploys all or nothing (down on every rank, wait for memory, up) after a
 backoff that doubles up to `keep.backoff_max_s`, and gives up -- every rank stopped, the rank and
-cause named -- after `keep.max_restarts_per_hour`. Every event goes to a JSON-lines log (`status`
-shows the restarts and the last cause) and a Prometheus textfile a node exporter can scrape.
+cause named -- after `keep.max_restarts_per_hour`, or at once when a rank's memory does not come
+back after the stop (memory_guard.serving.memory_back_s): re-deploying onto a leak would loop.
+Each rank's memory guard (servguard.py) runs on the rank itself; the supervisor logs its events
+and, when the guard stopped an engine, names the rank, the floor and the figures in the cause.
+Every event goes to a JSON-lines log (`status` shows the restarts and the last cause) and a
+Prometheus textfile a node exporter can scrape.
 SIGTERM or Ctrl+C while it watches: it stops watching and leaves the cluster serving.
 """
 
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import deploy, serve
+from . import deploy, last_good, liveness, prep, serve, servguard
 from .cluster_lock import LockLost, ensure_held
 from ..errors import Interrupted, SparkstackError
 from ..inputs import apikey
@@ -95,6 +100,13 @@ def summary(path: Path) -> dict | None:
             "last_cause_at": causes[-1]["at"] if causes else None, "log": str(path)}
 
 
+def _liveness_note(s) -> str:
+    if not s.enabled:
+        return "; liveness from token progress off (keep.liveness.enabled)"
+    return (f", and token progress every {s.interval_s:g} s after {s.grace_s:g} s: "
+            f"{s.stalled_checks} stalled checks in a row are a wedge")
+
+
 @dataclass
 class Supervisor:
     loaded: Loaded
@@ -119,9 +131,9 @@ class Supervisor:
                 deploy.up(self.loaded, self.group, restart=restart, wait_timeout=self.wait_timeout, say=self.say)
                 self.log.add("serving")
                 self.say("serving; watching every rank and the API "
-                         f"(every {self.settings.check_interval_s:g} s)")
+                         f"(every {self.settings.check_interval_s:g} s){_liveness_note(self.settings.liveness)}")
                 backoff = self.settings.backoff_s
-                cause = self._watch()
+                cause = last_good.said(self._watch(), last_good.explain(self.loaded, self.group))
                 self.log.add("failure", cause=cause)
             except (Interrupted, LockLost):
                 raise
@@ -136,8 +148,29 @@ class Supervisor:
             backoff = min(backoff * 2, self.settings.backoff_max_s)
             self.log.add("restart", attempt=len(self.restarts))
             ensure_held()  # another operator's cluster now, if its lock lapsed: not ours to re-deploy
-            deploy.down(self.loaded, self.group, say=self.say)  # all or nothing: every rank, memory back
+            self._down_until_memory_back()
             restart = True
+
+    def _down_until_memory_back(self) -> None:
+        """All or nothing: every rank stopped, then every rank's MemAvailable back to the plan's
+        figure within memory_guard.serving.memory_back_s. A rank that keeps its memory (a leak
+        the engine's exit did not free) stays out: re-deploying onto it would loop (issue 29)."""
+        wait = self.loaded.cluster.memory_guard.serving.memory_back_s
+        try:
+            deploy.down(self.loaded, self.group, say=self.say, wait_timeout=wait)
+        except prep.PrepError as e:
+            cause = "a rank did not give its memory back after its engine stopped; " + e.message
+            self.log.add("gave up", cause=cause)
+            raise GaveUp(f"giving up: {cause}\nevery rank's engine is stopped; fix that rank (a reboot "
+                         "frees what a dead engine leaked), then `sparkstack up --keep` again") from None
+
+    def _say_guard_events(self, feed: servguard.EventFeed) -> None:
+        """Each rank's memory guard events since the last look: said and logged."""
+        for host, event in feed.new():
+            self.say(f"{host}: {servguard.describe(event)}")
+            self.log.add("memory guard", rank=host, guard_event=event["event"],
+                         detail=servguard.describe(event),
+                         **{k: event[k] for k in ("avail", "free") if k in event})
 
     def _count_or_give_up(self, cause: str) -> None:
         now = time.monotonic()
@@ -160,19 +193,39 @@ class Supervisor:
         """Until something fails: the cause, naming the rank where there is one."""
         misses, last = 0, ""
         endpoint = api.endpoint(self.loaded)
+        live = liveness.Watch(endpoint, self.settings.liveness) if self.settings.liveness.enabled else None
+        busy = False
+        guard = servguard.EventFeed(self.group, self.loaded.cluster.memory_guard.serving)
+        guard.new()  # what the ranks' guards recorded before this start is not news
         try:
             while True:
                 self.sleep(self.settings.check_interval_s)
+                self._say_guard_events(guard)
                 dead = [s for s in serve.states(self.group) if s.state != "running"]
                 if dead:
-                    return "; ".join(serve.diagnose(self.group, s) for s in dead)
+                    return "; ".join(servguard.diagnose(self.group, s, guard.settings) for s in dead)
                 ok, last = api.health_check(endpoint, timeout=10)
                 misses = 0 if ok else misses + 1
                 if misses >= self.settings.api_failures:
                     return (f"the API at {endpoint.url} did not answer {misses} checks in a row ({last}); "
                             "every rank's container still runs")
+                if ok and live and live.due():
+                    wedged, busy = self._judge_liveness(live, busy)
+                    if wedged:
+                        return wedged
         except KeyboardInterrupt:
             self.log.add("stopped")
             raise Interrupted("stopped supervising; the cluster keeps serving "
                               "(`sparkstack down` stops it)") from None
 
+    def _judge_liveness(self, live: liveness.Watch, was_busy: bool) -> tuple[str | None, bool]:
+        """One look at rank 0's token progress: the cause when wedged; whether it is busy now
+        (a probe waiting behind real load, logged once per busy spell, never counted)."""
+        verdict = live.look()
+        if verdict.state == "wedged":
+            rank0 = self.loaded.cluster.ranks[0]
+            return f"rank 0 ({rank0.label}): wedged: {verdict.why}", False
+        if verdict.state == "busy" and not was_busy:
+            self.log.add("busy", detail=verdict.why)
+            self.say(f"busy, not wedged: {verdict.why}")
+        return None, verdict.state == "busy"

@@ -3,11 +3,10 @@ into sums, and the speculative-decoding counters (accepted tokens per step = 1 +
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-DRAFTS = "vllm:spec_decode_num_drafts_total"
+from ..transport.engine_metrics import ACCEPTED, DRAFTS
+from ..transport.engine_metrics import parse as parse_prometheus  # noqa: F401  (the bench's reader)
 
 
 def decode_rate(completion_tokens: int, wall_s: float, ttft_s: float | None) -> float | None:
@@ -26,24 +25,6 @@ def percentile(values: list[float], q: float) -> float | None:
     low = int(pos)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name -> value summed over its label sets (engines, models, positions), from the
-    Prometheus text format. Comments, NaN and malformed lines are skipped."""
-    totals: dict[str, float] = {}
-    sample = re.compile(r'^([A-Za-z_:][\w:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
-    for line in text.splitlines():
-        m = sample.match(line.strip())
-        if not m:
-            continue
-        try:
-            value = float(m[3])
-        except ValueError:
-            continue
-        if value == value:  # not NaN
-            totals[m[1]] = totals.get(m[1], 0.0) + value
-    return totals
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ COMMANDS = {
     "api-key": "launcher.cli.api_key:api_key",
     "ansible-inventory": "launcher.cli.ansible_inventory:ansible_inventory",
     "registry-prune": "launcher.cli.registry_prune:registry_prune",
+    "restore": "launcher.cli.restore:restore",
     "sandbox": "launcher.sandbox.cli:sandbox",  # the sandbox's own group: named, never imported here
 }
 
@@ -46,7 +47,7 @@ SECTIONS = (
     ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "logs", "down",
                                                    "upgrade", "rollback", "history", "systemd-unit")),
     ("Day to day", ("plan", "profiles", "build", "ship", "stage", "manifest", "bench", "api-key",
-                    "ansible-inventory", "registry-prune")),
+                    "ansible-inventory", "registry-prune", "restore")),
     ("Try it without Sparks", ("sandbox",)),
 )
 

@@ -66,7 +66,8 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, passwor
 
     It asks (each answer has a flag, and --yes asks nothing): the profile and checkpoint path,
     each unknown host key, the password once where your key does not log in yet, whether to write
-    the proposed netplan files and apply them (--apply), whether to ship the image (--ship).
+    the proposed netplan files and apply them (--apply; each rank's file and ports are journaled
+    there first, and `sparkstack restore` puts them back), whether to ship the image (--ship).
 
     \b
     A new cluster: sparkstack init spark1 spark2 spark3 spark4 --user spark
@@ -74,7 +75,8 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, passwor
     `sparkstack check` and `sparkstack up`.
     """
     from ..facts import cabling
-    from ..init import bringup, hosts as hosts_mod
+    from ..init import bringup, hosts as hosts_mod, journal
+    from ..plan import init_journal as jr
     from ..inputs.profile import profile_names
     from ..transport.remote import Target
 
@@ -145,8 +147,15 @@ def init(hosts, user, key, known_hosts, trust_new_hosts, password_stdin, passwor
         for r in range(len(hosts)):
             _say(f"--- rank {r} {hosts[r]}: {cabling.NETPLAN_FILE}")
             _say(cabling.netplan(addresses, r, mtu))
+        _say(f"--apply journals these files and ports as they are first ({jr.RANK_PATH} on each rank, a copy "
+             "here): `sparkstack restore` puts them back")
     elif apply_network or (new and not yes and click.confirm(
             f"write {cabling.NETPLAN_FILE} on every rank and apply these addresses now?", default=True, err=True)):
+        with probe.open_group(loaded) as group:  # what it changes, as it is, before anything changes
+            kept = journal.record(loaded, group, journal.touched(addresses))
+        for r, path in sorted(kept.items()):
+            _say(f"journaled rank {r} ({labels[r]}): {jr.RANK_PATH} there, {path} here")
+        result["journal"] = {str(r): str(path) for r, path in sorted(kept.items())}
         for line in bringup.apply_addresses(loaded, addresses, mtu):
             _say("addressed " + line)
         bringup.confirm_applied(bringup.probe_all(loaded), addresses)

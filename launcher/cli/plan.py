@@ -42,7 +42,8 @@ def plan(loaded, as_json, show_secrets, offline):
         result.assumed.append(note)
     source = "config" if click.get_current_context().params["profile_name"] is None else "--profile"
     data = {"profile": {"name": loaded.profile.name, "source": source},
-            **result.to_json(reveal_secrets=show_secrets)}
+            **result.to_json(reveal_secrets=show_secrets), "keep": loaded.cluster.keep.model_dump(),
+            "memory_guard_serving": loaded.cluster.memory_guard.serving.model_dump()}
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -71,6 +72,9 @@ def _print_plan(loaded, result, data, show_secrets: bool) -> None:
         _print_kv_policy(sizing, data["kv"])
     if result.guard:
         _print_guard(result.guard)
+    _print_serving_guard(loaded.cluster.memory_guard.serving)
+    out.print("\n[bold]keep[/]    ", end="")
+    out.print(f"up --keep: {loaded.cluster.keep.describe()}", markup=False)
     if result.assumed:
         out.print("\n[bold yellow]assumed[/] (not read from the cluster):")
         for line in result.assumed:
@@ -110,6 +114,16 @@ def _print_guard(guard) -> None:
         out.print(f"        rank {g.rank}: {g.explain()}", markup=False)
     if guard.note:
         out.print(f"        [yellow]note[/]: {guard.note}")
+
+
+def _print_serving_guard(settings) -> None:
+    """What watches each rank's memory once the API answers (launcher/apply/servguard.py)."""
+    if not settings.enabled:
+        out.print("\n[bold]watch[/]   no memory guard while serving (memory_guard.serving.enabled: false)")
+        return
+    out.print(f"\n[bold]watch[/]   while serving, on every rank (memory_guard.serving, every {settings.interval_s:g} s): "
+              f"MemFree < {settings.soft_free_gib:g} GiB drops page caches and compacts memory; "
+              f"MemAvailable < {settings.hard_available_gib:g} GiB stops that rank's engine (the box stays up)")
 
 
 PLAN_PROBE_TIMEOUT_S = 3.0  # `plan` is a look, not a preflight: it never waits long for a rank

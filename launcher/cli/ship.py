@@ -27,16 +27,19 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
 
     \b
     Each rank is asked (by image ID) what it already has, and which layers. This host reads each
-    image once (`docker save`, kept in ~/.cache/sparkstack/spool) and streams into every rank's
-    `docker load`, over its SSH connection, only the layers it lacks (uncompressed), each rank at
-    once, with progress (moved of missing, rate, ETA). A rank gets the image's tag only once its
+    image by the cheapest way (shown by --dry-run): `save` (the whole image, for ranks that lack
+    all of it), `push` (into a registry on this host, which takes only the layers it lacks; then
+    the change is read back: a base is pushed once, later changes read only themselves) or
+    `spooled` (kept in ~/.cache/sparkstack/spool from an earlier ship), and streams into every
+    rank's `docker load`, over its SSH connection, only the layers it lacks (uncompressed), each
+    rank at once, with progress (moved of missing, rate, ETA). A rank gets the image's tag only once its
     image ID equals this host's. --relay: every rank pulls from a registry cache on rank 0
     instead, fed by a registry on this host (both Debian's docker-registry), so this host's
     uplink carries each missing blob twice in all (the cache's fetch and store), not once per
     rank; `bytes` then shows the uplink's bytes on rank 0. A layer that came by a plain ship has
     no registry digest on the rank: the first relayed pull over it moves it once more.
     --json prints {"ranks": [{"rank", "host", "images", "bytes", "missing", "seconds", "status",
-    "error"}]}.
+    "error"}], "sources": [{"ref", "how", "read_bytes", "seconds", "why"}]}.
     """
     from ..images import build as build_mod
     from ..images import relay as relay_mod
@@ -54,11 +57,14 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
             with cluster_lock.held(loaded, group, wait_lock, say):
                 ship_mod.apply(shipment, group, say=say, relay=relay_mod.route(loaded) if relay else None)
     rows = [r.to_json() for r in shipment.ranks]
+    sources = [src.to_json() for src in shipment.sources.values()] if not relay else []
     if as_json:
-        click.echo(json.dumps({"ranks": rows}, indent=2))
+        click.echo(json.dumps({"ranks": rows, "sources": sources}, indent=2))
     else:
         print_ranks([(r["rank"], r["host"], r["status"], _what_shipped(r)) for r in rows],
                      [r["error"] for r in rows])
+        for src in sources:
+            click.echo(f"this host reads {src['ref']} by {src['how']} (~{src['seconds']:.1f} s): {src['why']}")
     failed = [r for r in shipment.ranks if r.status == Status.FAILED]
     if failed:
         raise SparkstackError(f"ship failed on {len(failed)} of {len(rows)} ranks "

@@ -25,5 +25,7 @@ def image_ids(group: Group, refs: list[str]) -> list[tuple[object, dict[str, str
 
 def ship_plan(group: Group, local_ids: dict[str, str]) -> ship.ShipPlan:
     """Which rank lacks which of the images (`local_ids`: ref -> this host's image ID): the
-    ranks' image IDs, asked at once, then ship.plan_for."""
-    return ship.plan_for(local_ids, image_ids(group, list(local_ids)))
+    ranks' image IDs, asked at once, then ship.plan_for; where a rank lacks one, which layers it
+    has and how this host will read each image (ship.plan_layers)."""
+    plan = ship.plan_for(local_ids, image_ids(group, list(local_ids)))
+    return ship.plan_layers(plan, group) if plan.needed else plan

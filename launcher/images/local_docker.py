@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import urllib.parse
 
@@ -97,10 +98,21 @@ class LocalDocker:
             raise LocalDockerError(f"docker: looking up image {image_id}: no such image")
         return found["RootFS"].get("Layers") or []
 
-    def _inspect(self, ref: str) -> dict | None:
-        """`GET /images/REF/json` over the socket: the image's inspect data, None for a 404."""
+    def layer_sizes(self, image_id: str) -> tuple[int, list[int] | None]:
+        """The image's size, and each layer's, bottom first, from `docker history` (None where its
+        entries cannot be matched to the layers: see sizes_by_layer)."""
+        if self._conn is None:
+            found, history = self.api.inspect_image(image_id), self.api.history(image_id)
+        else:
+            found, history = self._inspect(image_id), self._inspect(image_id, "history")
+        if found is None or history is None:
+            raise LocalDockerError(f"docker: looking up image {image_id}: no such image")
+        return found.get("Size", 0), sizes_by_layer(history, len(found["RootFS"].get("Layers") or []))
+
+    def _inspect(self, ref: str, what: str = "json"):
+        """`GET /images/REF/json` (or /history) over the socket: its data, None for a 404."""
         try:
-            self._conn.request("GET", f"/images/{urllib.parse.quote(ref, safe='')}/json")
+            self._conn.request("GET", f"/images/{urllib.parse.quote(ref, safe='')}/{what}")
             reply = self._conn.getresponse()
             body = reply.read()
         except OSError as e:
@@ -121,6 +133,20 @@ class LocalDocker:
             return None
         except docker.errors.APIError as e:
             raise LocalDockerError(f"docker: looking up image {ref}: {e.explanation or e}") from None
+
+
+# history entries that add no layer (Docker marks them in the image's config, not in its history)
+_NO_LAYER = re.compile(r"(/bin/sh -c #\(nop\)\s+)?(ENV|LABEL|CMD|ENTRYPOINT|EXPOSE|USER|ARG|VOLUME|"
+                       r"STOPSIGNAL|HEALTHCHECK|SHELL|ONBUILD|MAINTAINER)\b")
+
+
+def sizes_by_layer(history: list[dict], layers: int) -> list[int] | None:
+    """Each layer's size, bottom first, from the history's entries (newest first): every entry
+    with a size is a layer; one of 0 bytes is one unless it is a metadata instruction."""
+    entries = list(reversed(history))
+    if len(entries) != layers:
+        entries = [e for e in entries if e.get("Size") or not _NO_LAYER.match((e.get("CreatedBy") or "").strip())]
+    return [e.get("Size") or 0 for e in entries] if len(entries) == layers else None
 
 
 def connect(timeout: float = DEFAULT_TIMEOUT_S) -> LocalDocker:

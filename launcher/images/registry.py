@@ -147,10 +147,11 @@ class LocalRegistry:
         (a placeholder string where the port is known only on the rank: the relay's)."""
         return f"127.0.0.1:{port or self.port}/{ImageRef.parse(ref).tagged}"  # its registry dropped
 
-    def push(self, ref: str) -> None:
-        """Push a local image; the registry keeps blobs it already has (nothing moves for them)."""
+    def push(self, ref: str, as_name: str | None = None) -> None:
+        """Push a local image (`ref`: a name or an image ID), under its own name or `as_name`
+        ("repo:tag"); the registry keeps blobs it already has (nothing moves for them)."""
         api = self.engine.api
-        target = ImageRef.parse(self.name(ref))
+        target = ImageRef.parse(f"127.0.0.1:{self.port}/{as_name}" if as_name else self.name(ref))
         api.tag(ref, target.repository, target.tag)
         try:
             for line in api.push(target.repository, target.tag, stream=True, decode=True):
@@ -158,6 +159,22 @@ class LocalRegistry:
                     raise RegistryError(f"pushing {ref} to the local registry failed: {line['error']}")
         finally:
             api.remove_image(str(target))  # untag only; the image stays
+
+    def manifest(self, repo: str, reference: str, accept: str = MANIFEST_TYPES) -> dict:
+        answer = httpx.get(f"http://127.0.0.1:{self.port}/v2/{repo}/manifests/{reference}",
+                           headers={"Accept": accept}, timeout=30)
+        if answer.status_code != 200:
+            raise RegistryError(f"the local registry has no manifest {repo}:{reference} "
+                                f"(HTTP {answer.status_code}); re-run `sparkstack ship`")
+        return answer.json()
+
+    def blob(self, repo: str, digest: str):
+        """A blob's bytes as they come (chunks of up to 1 MiB)."""
+        with httpx.stream("GET", f"http://127.0.0.1:{self.port}/v2/{repo}/blobs/{digest}", timeout=300) as answer:
+            if answer.status_code != 200:
+                raise RegistryError(f"the local registry has no blob {digest} in {repo} "
+                                    f"(HTTP {answer.status_code}); re-run `sparkstack ship`")
+            yield from answer.iter_bytes(1 << 20)
 
     def contents(self, ref: str) -> tuple[str, list[str], list[str]]:
         """A pushed image as a pull asks for it: (repository, [its tag and every manifest

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # imported where used: docker-py and httpx cost a no-op ship 
     from .local_docker import LocalDocker
     from .registry import LocalRegistry
     from .relay import Route
+    from .source import Source
 
 PULL_TIMEOUT_S = 3600
 PROGRESS_S = 2.0  # a rank's progress line at most this often
@@ -71,6 +73,11 @@ class RankShip:
 class ShipPlan:
     local_ids: dict[str, str]    # ref -> image ID on this host
     ranks: list[RankShip] = field(default_factory=list)
+    # once the ranks were asked for their layers (plan_layers): rank -> ref -> how many of the
+    # image's lowest layers it has; and how this host reads each image (launcher/images/source.py)
+    haves: dict[int, dict[str, int]] | None = None
+    diff_ids: dict[str, list[str]] = field(default_factory=dict)
+    sources: dict[str, "Source"] = field(default_factory=dict)
 
     @property
     def needed(self) -> list[str]:
@@ -131,41 +138,86 @@ def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None,
     return plan
 
 
-def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimit: int = 0) -> None:
-    """Each rank's `docker load` gets only the layers it lacks, every rank at once: from this
-    host's spool, a layer as soon as this host's save has passed it; a rank that lacks every
-    layer of an image gets the save stream itself, as it comes."""
-    from . import spool
+def plan_layers(plan: ShipPlan, group: Group, engine: "LocalDocker | None" = None) -> ShipPlan:
+    """Ask the ranks that lack something which layers they have (one command each), then choose
+    how this host reads each image (launcher/images/source.py): what `ship --dry-run` shows."""
+    from . import source, spool
     from .local_docker import connect
+    from .pushed import registered
+    from .registry import REGISTRY_BINARY, STORAGE
 
+    plan.haves = {}
+    todo = [r for r in plan.ranks if r.status == Status.PLANNED]
+    if not todo:
+        return plan
+    engine = engine or connect()
     by_rank = {c.target.rank: c for c in group.connections}
+    plan.diff_ids = {ref: engine.diff_ids(plan.local_ids[ref]) for ref in plan.needed}
     outcome = {r.rank: r for r in todo}
-    engine = connect()
-    diff_ids = {ref: engine.diff_ids(plan.local_ids[ref]) for ref in plan.needed}
-    haves: dict[int, dict[str, int]] = {}  # rank -> ref -> how many of its lowest layers the rank has
     for result in Group([by_rank[r.rank] for r in todo]).run(RANK_LAYERS, timeout=120).results:
         rank = outcome[result.target.rank]
         if not result.ok:
             rank.status, rank.error = Status.FAILED, docker_hint(result.why(), result.target.name)
-            say(_progress_line(result.target.name, rank))
             continue
         chains = [line.split() for line in result.stdout.splitlines()]
-        haves[rank.rank] = {}
+        plan.haves[rank.rank] = {}
         for ref in rank.images:
-            haves[rank.rank][ref] = have_layers(diff_ids[ref], chains)
-            chains.append(diff_ids[ref])  # the next image may stand on this one
+            plan.haves[rank.rank][ref] = have_layers(plan.diff_ids[ref], chains)
+            chains.append(plan.diff_ids[ref])  # the next image may stand on this one
+    registry = shutil.which(REGISTRY_BINARY) is not None
+    for ref in plan.needed:
+        haves = [h[ref] for h in plan.haves.values() if ref in h]
+        if not haves:
+            continue
+        image_id, ids = plan.local_ids[ref], plan.diff_ids[ref]
+        total, sizes = engine.layer_sizes(image_id)
+        in_spool, config = spool.spooled(image_id, ids)
+        layers = source.Layers(ids, sizes or source.even_sizes(total, len(ids)), in_spool,
+                               registered(ids, STORAGE) if registry else frozenset(), config, registry)
+        plan.sources[ref] = source.choose(ref, layers, min(haves))
+    return plan
+
+
+def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimit: int = 0) -> None:
+    """Each rank's `docker load` gets only the layers it lacks, every rank at once: from this
+    host's spool, a layer as soon as this host's save has passed it (or once the registry gave
+    it back: source `push`); a rank that lacks every layer of an image gets the save stream
+    itself, as it comes."""
+    from . import pushed, spool
+    from .local_docker import connect
+    from .registry import LocalRegistry
+
+    by_rank = {c.target.rank: c for c in group.connections}
+    if plan.haves is None:
+        plan_layers(plan, group)
+    engine = connect()
+    for r in todo:
+        if r.status == Status.FAILED:
+            say(_progress_line(by_rank[r.rank].target.name, r))
     todo = [r for r in todo if r.status == Status.PLANNED]
     saves = {}
     for ref in plan.needed:
-        lacking = [haves[r.rank][ref] == 0 for r in todo if ref in r.images]
+        lacking = [plan.haves[r.rank][ref] == 0 for r in todo if ref in r.images]
         if not lacking:
             continue  # the ranks that lacked it could not say which layers they have
+        src = plan.sources[ref]
+        say(f"{ref}: this host reads it by {src.how}: {src.why}")
+        if src.how == "push":
+            try:
+                low = min(plan.haves[r.rank][ref] for r in todo if ref in r.images)
+                saves[ref] = pushed.fill(LocalRegistry(), plan.local_ids[ref], plan.diff_ids[ref], low, say=say)
+            except SparkstackError as e:
+                for r in todo:
+                    if ref in r.images:
+                        r.status, r.error = Status.FAILED, f"{by_rank[r.rank].target.name}: {e.message}"
+            continue
         # every rank lacks all of it: the save goes to them as it comes, and is not kept here
-        saves[ref] = spool.start(engine, plan.local_ids[ref], diff_ids[ref], say=say,
+        saves[ref] = spool.start(engine, plan.local_ids[ref], plan.diff_ids[ref], say=say,
                                  feeds=sum(lacking), keep=not all(lacking))
+    todo = [r for r in todo if r.status == Status.PLANNED]
 
     def ship_one(conn: Connection, rank: RankShip) -> None:
-        _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], haves[rank.rank][ref]) for ref in rank.images], say,
+        _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], plan.haves[rank.rank][ref]) for ref in rank.images], say,
                    bwlimit)
 
     _each_rank(todo, by_rank, ship_one, say)

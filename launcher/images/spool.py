@@ -51,6 +51,14 @@ class Spooling:
         self._ready: set[str] = set()
         self._changed = threading.Condition()
 
+    @property
+    def ready(self) -> set[str]:
+        with self._changed:
+            return set(self._ready)
+
+    def note_layer(self, diff_id: str) -> None:
+        self._note(layer=diff_id)
+
     def path(self, diff_id: str) -> Path:
         return self.root / "layers" / diff_id.split(":")[-1]
 
@@ -136,6 +144,40 @@ def start(engine, image_id: str, diff_ids: list[str], root: Path | None = None, 
     threading.Thread(target=_spool_guarded, args=(engine, spooling, keep, tee), daemon=True,
                      name=f"spool {image_id[7:19]}").start()
     return spooling
+
+
+def prepared(image_id: str, diff_ids: list[str], root: Path | None = None) -> Spooling:
+    """The image's spool with the layers it holds already, to be filled by another reader than a
+    save (launcher/images/pushed.py), then `complete`d."""
+    spooling = Spooling(image_id, diff_ids, root or SPOOL)
+    _prepare(spooling.root)
+    _trim(spooling.root, keep=set(diff_ids))
+    for diff_id in diff_ids:
+        if spooling.path(diff_id).exists():
+            spooling._note(layer=diff_id)
+    return spooling
+
+
+def complete(spooling: Spooling, config: bytes) -> None:
+    """The config is known and no more layers come; the image is indexed when every layer is
+    here (a later ship of it reads nothing)."""
+    if set(spooling.diff_ids) <= spooling.ready:
+        _write_index(spooling, config)
+    spooling._note(config=config, done=True)
+
+
+def _write_index(spooling: Spooling, config: bytes) -> None:
+    index = spooling._index()
+    tmp_index = index.with_name(f".{index.name}.{os.getpid()}")
+    tmp_index.write_text(json.dumps({"config": config.decode(), "diff_ids": spooling.diff_ids}))
+    os.replace(tmp_index, index)
+
+
+def spooled(image_id: str, diff_ids: list[str], root: Path | None = None) -> tuple[frozenset, bool]:
+    """Which of the image's layers this host's spool holds, and whether its config too."""
+    spooling = Spooling(image_id, diff_ids, root or SPOOL)
+    have = frozenset(d for d in diff_ids if spooling.path(d).exists())
+    return have, _read_config(spooling._index()) is not None
 
 
 def _read_config(index: Path) -> bytes | None:
@@ -365,10 +407,7 @@ def _spool(chunks, spooling: Spooling) -> None:
             pass  # the padding after the end blocks: the feeds hand on the save whole
     if config is None:
         raise SpoolError(f"`docker save` of {spooling.image_id} held no config with that digest; re-run")
-    index = spooling._index()
-    tmp_index = index.with_name(f".{index.name}.{os.getpid()}")
-    tmp_index.write_text(json.dumps({"config": config.decode(), "diff_ids": spooling.diff_ids}))
-    os.replace(tmp_index, index)
+    _write_index(spooling, config)
     spooling._note(config=config, done=True)
 
 

@@ -229,27 +229,79 @@ class ContainerSettings(Strict):
     cache_dir: Annotated[MountPath, AfterValidator(_own_cache_root)] | None = "/var/cache/sparkstack"
 
 
+class ServingGuardSettings(Strict):
+    """The memory guard on every rank while the engine serves (launcher/apply/servguard.py:
+    detached on the rank, events in a file there): below soft_free_gib of MemFree it drops page
+    caches and compacts memory; below hard_available_gib of MemAvailable it stops that rank's
+    engine, so the box survives instead of freezing. Defaults: the seeds keep ~9-15 GB (8.4-14
+    GiB) free on every Spark while serving (the plan's free_floor_gib, 8 GiB, is that figure's
+    floor), so MemFree under 6 GiB means something beyond the plan (page cache, a long prefill)
+    eats that margin, worth a drop; under 3 GiB of MemAvailable -- the load-time hard floor --
+    the next prefill chunk can no longer be served from unified memory (NV_ERR_NO_MEMORY, then
+    a hard reset: vLLM issues 46307/56824, dgx-spark-playbooks #97)."""
+
+    enabled: bool = True
+    soft_free_gib: Gib = 6.0
+    hard_available_gib: Gib = 3.0
+    interval_s: float = Field(1.0, gt=0, le=60)
+    cooldown_s: float = Field(30.0, ge=0, le=3600)  # between two reliefs on one rank
+    # before `up --keep` re-deploys: how long every rank may take to give its memory back
+    memory_back_s: float = Field(120.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _floors_in_order(self):
+        if self.hard_available_gib >= self.soft_free_gib:
+            raise ValueError(f"hard_available_gib ({self.hard_available_gib:g}) must be below soft_free_gib "
+                             f"({self.soft_free_gib:g}): the cache drop comes first, stopping the engine last")
+        return self
+
+
 class MemoryGuardSettings(Strict):
     """The load-time memory guard on every rank (launcher/apply/memguard.py), from the start of
     the engines until the API answers: below soft_free_gib of MemFree it drops page caches and
-    compacts memory; below hard_available_gib of MemAvailable it stops the cluster."""
+    compacts memory; below hard_available_gib of MemAvailable it stops the cluster. `serving`:
+    the guard that takes over on each rank once the API answers."""
 
     enabled: bool = True
     soft_free_gib: Gib = 8.0
     hard_available_gib: Gib = 3.0
     interval_s: float = Field(1.0, gt=0, le=60)
     cooldown_s: float = Field(5.0, ge=0, le=600)  # between two reliefs on one rank
+    serving: ServingGuardSettings = ServingGuardSettings()
+
+
+class LivenessSettings(Strict):
+    """`up --keep`'s liveness (launcher/apply/liveness.py): every interval_s a one-token
+    completion and a read of rank 0's /metrics; after grace_s from the start of serving,
+    stalled_checks intervals in a row with requests running or waiting and no token produced
+    (nor KV-cache usage moved, nor the probe answered) is a wedge: re-deployed like a crash."""
+
+    enabled: bool = True
+    interval_s: float = Field(30.0, gt=0, le=3600)
+    grace_s: float = Field(300.0, ge=0)  # the first requests after a start may wait on warm-up
+    stalled_checks: int = Field(6, ge=1)  # 6 x 30 s: three minutes without a token while asked
 
 
 class KeepSettings(Strict):
     """`up --keep` (launcher/apply/supervisor.py): how often it looks, how it backs off, when it
-    gives up."""
+    gives up, and how it judges liveness."""
 
     check_interval_s: float = Field(10.0, gt=0, le=3600)
     api_failures: int = Field(3, ge=1)  # /health checks missed in a row that count as a failure
     backoff_s: float = Field(30.0, ge=0)  # before the first re-deploy; doubled after each
     backoff_max_s: float = Field(600.0, ge=0)
     max_restarts_per_hour: int = Field(6, ge=0)
+    liveness: LivenessSettings = LivenessSettings()
+
+    def describe(self) -> str:
+        """One line for `plan` and `status`."""
+        live = self.liveness
+        judged = (f"liveness every {live.interval_s:g} s after {live.grace_s:g} s: {live.stalled_checks} "
+                  "checks in a row with requests and no token are a wedge" if live.enabled else
+                  "liveness from token progress off")
+        return (f"every {self.check_interval_s:g} s each rank's container and /health "
+                f"({self.api_failures} misses fail); {judged}; re-deploy after {self.backoff_s:g} s "
+                f"(doubling to {self.backoff_max_s:g} s), at most {self.max_restarts_per_hour} an hour")
 
 
 class Overrides(Strict):

@@ -686,6 +686,21 @@ def cut_cable(link: int, state_dir: Path | None = None, n: int = DEFAULT_RANKS) 
     return cable
 
 
+def reset_nic(rank: int, netdev: str, mtu: int = 1500, gid_moved: bool = True,
+              state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> None:
+    """A NIC firmware reset on rank index `rank` (a test's fault): `netdev`'s MTU back at `mtu` on
+    its cable's end and in the rank's sysfs fixture, and with `gid_moved` the rank's GID tables as
+    after a global IPv6 address came or went (its IPv4 RoCE v2 entries two further down or up, as
+    seen in the field). `mend_cables` puts it back."""
+    state_dir = Path(state_dir) if state_dir else state_dir_default()
+    name = rank_names(n)[rank]
+    links.set_mtu(_pid(connect().containers.get(container_name(name))), netdev, mtu)
+    moved = (rank not in fabric.EXTRA_IPV6) if gid_moved else None  # the extra IPv6 entries come or go
+    _rewrite_sysfs(paths(state_dir)["ranks"] / name / "sysfs",
+                   _sysfs(state_dir, rank, n, topology=current_topology(state_dir), mtu={netdev: mtu},
+                          extra_ipv6=moved))
+
+
 def mend_cables(state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> list[int]:
     """Plug every cable back in (fixtures up again, missing veth pairs laid); the links laid."""
     state_dir = Path(state_dir) if state_dir else state_dir_default()
@@ -794,6 +809,7 @@ def _bare_rank(container, password: str) -> None:
               "kill -HUP $(pgrep -o -x sshd) && "
               # every `up --bare` is a Spark before `init` again: no key, no fabric address
               f": > /home/{USER}/.ssh/authorized_keys && rm -f /etc/netplan/60-sparkstack-fabric.yaml && "
+              "rm -rf /var/lib/sparkstack && "  # no init journal either
               f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER} && chmod 0440 /etc/sudoers.d/{USER} && "
               f"for d in {netdevs}; do ip -4 addr flush dev $d 2>/dev/null; "
               f"ip link set dev $d mtu {links.BARE_MTU} 2>/dev/null; done; true")

@@ -356,7 +356,8 @@ TENSORFOLD_INIT = (b'"""SANDBOX STAND-IN package `tensorfold` (sparkstack sandbo
 # the memory it loads through standin_mem, and parses its values with the kit's vllm_options
 # (value_parsers_file), copied beside them.
 STANDIN_MODULES = ("standin_vllm.py", "standin_dist.py", "standin_tensorfold.py", "standin_ray.py",
-                   "standin_mem.py", "standin_engine_config.py", "standin_requests.py", "standin_lm.py")
+                   "standin_mem.py", "standin_engine_config.py", "standin_requests.py", "standin_lm.py",
+                   "standin_metrics.py")
 # A stand-in installed under the real program's module path instead of its own name.
 INSTALLED_AS = {"standin_tensorfold.py": "tensorfold/cli.py"}
 

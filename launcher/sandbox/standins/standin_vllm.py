@@ -43,14 +43,19 @@ What it mimics, for what the kit touches:
   Without /sandbox/mem (SPARKSTACK_SANDBOX_MEMINFO=host, or run outside the sandbox) it only
   waits SANDBOX_VLLM_LOAD_S;
 - `--headless` serves nothing (a multi-node worker rank) until SIGTERM;
-- otherwise the OpenAI API: GET /health, /v1/models, /metrics (vLLM metric names), /version,
-  POST /v1/chat/completions (streaming SSE with usage, thinking as `reasoning` with
-  --reasoning-parser, else inside <think> in the content, a needle-answering trick) and
-  POST /v1/completions (prompt text or token ids, echo, logprobs, prompt_logprobs from
-  standin_lm's small deterministic model), paced at a configurable token rate, with optional
-  `--api-key`. What a request may ask, and the bodies, are vLLM 0.33's (standin_requests.py:
-  a prompt + max_tokens beyond the context shortens max_tokens; a prompt that alone does not
-  fit, max_tokens below 1 or above the context are refused with vLLM's messages).
+- otherwise the OpenAI API: GET /health, /v1/models, /metrics (vLLM 0.33's metric families,
+  standin_metrics.py), /version, POST /v1/chat/completions (streaming SSE with usage, thinking
+  as `reasoning` with --reasoning-parser, else inside <think> in the content, a needle-answering
+  trick) and POST /v1/completions (prompt text or token ids, echo, logprobs, prompt_logprobs
+  from standin_lm's small deterministic model), paced at a configurable token rate, with
+  optional `--api-key`. What a request may ask, and the bodies, are vLLM 0.33's
+  (standin_requests.py: a prompt + max_tokens beyond the context shortens max_tokens; a prompt
+  that alone does not fit, max_tokens below 1 or above the context are refused with vLLM's
+  messages). Requests go through a scheduler as vLLM's do (Engine): they wait until fewer
+  than --max-num-seqs run and their prompt fits in the KV cache;
+- SIGUSR1 wedges the scheduler for good (a test's fault, as a hung collective or a stuck step
+  does on a real engine): /health still answers, nothing is scheduled and no token produced;
+  `docker kill -s USR1 sparkstack-engine` on a rank switches it on while serving.
 
 Environment knobs (all optional):
   SANDBOX_VLLM_VERSION              version string (0.33.0)
@@ -62,7 +67,9 @@ Environment knobs (all optional):
   SANDBOX_VLLM_ACCEPTED_PER_DRAFT   spec-decode accepted tokens per draft (1.5)
   SANDBOX_VLLM_STARTUP_S            delay before the API port opens, like weight loading (0)
   SANDBOX_VLLM_FAIL                 exit:<code> (crash after the startup log) | malformed (broken
-                                    SSE chunks / JSON bodies) | unset = normal
+                                    SSE chunks / JSON bodies) | wedge (wedged from the start, as
+                                    after SIGUSR1) | unset = normal
+  SANDBOX_VLLM_KV_TOKENS            the KV cache's size in tokens (max(--max-model-len, 131072))
   SANDBOX_VLLM_FAIL_NODE_RANK       if set, the exit:<code> fault applies only to that --node-rank
   SANDBOX_VLLM_MEMINFO              the meminfo the startup guard reads (/proc/meminfo: in the
                                     sandbox, the rank's GB10 figures)
@@ -84,6 +91,8 @@ Environment knobs (all optional):
                                     cache warm (VLLM_CACHE_ROOT, default ~/.cache/vllm, holding
                                     this model's compiled graphs) it is skipped, as vLLM does
   SANDBOX_VLLM_MEM_DIR              the rank's memory state (/sandbox/mem); absent: no accounting
+  SANDBOX_VLLM_PREFILL_KIB_PER_TOKEN memory a prompt's prefill takes per prompt token while
+                                    serving (64: a 128K-token prompt takes 8 GiB); see PrefillMemory
   SANDBOX_VLLM_DIST_TIMEOUT_S       how long multi-node ranks wait for each other (120)
   SANDBOX_VLLM_MIN_NOFILE           if set, refuse (exit 1) a soft RLIMIT_NOFILE below it, like
                                     NCCL's "Too many open files" at 4 ranks
@@ -125,12 +134,14 @@ except ImportError:  # run from the repository: the kit's file itself, launcher/
     vllm_options = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(vllm_options)
 
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))  # the sibling stand-ins, run from the repository
+import standin_metrics  # noqa: E402  (installed beside this file in the image)
+
 DEFAULT_FLAGS = "/usr/share/sandbox-vllm/serve-flags.json"
 DEFAULT_RECORD = "/var/log/sandbox-vllm/record.json"
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` uses when no model is named
-# vLLM's TTFT histogram buckets (vllm/v1/metrics/loggers.py).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM 0.33's --max-num-seqs default for the API server on a GB10
+KV_BLOCK = 16  # tokens per KV block (vLLM's default --block-size)
 ANSWER = ("Four small machines share one model and each holds a slice of every layer while the "
           "fabric between them carries partial sums back and forth for every token that leaves "
           "the server so the answer arrives one word at a time at a steady pace").split()
@@ -583,6 +594,8 @@ def load_model(model: str, options: dict) -> str | None:
         if i == weights[-1]:
             log(f"Loading weights took {time.monotonic() - started:.2f} seconds")
     standin_mem.settle(mem_dir)
+    global LOADED_BYTES
+    LOADED_BYTES = held
     log(f"Model loading took {held / GIB:.2f} GiB of memory (weights, KV cache, CUDA graphs)")
     return None
 
@@ -621,6 +634,68 @@ def compile_graphs(model: str, options: dict) -> bool:
 
 
 HOLDER = None  # this process's registered memory (standin_mem.Holder): freed when it dies
+
+
+class PrefillMemory:
+    """Serving takes memory beyond the KV pool: a prefill's activations and workspaces, which
+    torch's caching allocator keeps reserved after the request (it returns nothing to the system
+    until the process ends). On a GB10 that is unified memory, so the rank's MemFree shrinks with
+    the longest prefill served so far -- the field's freezes during long prefills (issue 29:
+    vLLM 46307/56824, dgx-spark-playbooks #97); an explicit --kv-cache-memory-bytes skips vLLM's
+    own profiling, so nothing sizes for it. Modelled: the concurrent prefills' prompt tokens x
+    SANDBOX_VLLM_PREFILL_KIB_PER_TOKEN (a model figure, not a measurement), taken in 16 chunks
+    over the prefill's time (chunked prefill) and kept as a high-water mark. A chunk that does
+    not fit in MemFree (the page cache is not reclaimed for the GPU) kills the engine with
+    CUDA's out-of-memory error, exit 1. Only the rank serving the API: the stand-in's headless
+    workers get no requests. Without the rank's memory model (no HOLDER): nothing."""
+
+    CHUNKS = 16
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.per_token = int(knob("SANDBOX_VLLM_PREFILL_KIB_PER_TOKEN", 64) * 1024)
+        self.in_flight = 0  # bytes the prefills running now need
+        self.reserved = 0  # the high-water mark, held by the holder
+
+    def prefill(self, prompt_tokens: int, seconds: float) -> None:
+        """Take the prompt's memory chunk by chunk over `seconds`; the caller's tokens follow."""
+        if HOLDER is None or self.per_token <= 0:
+            time.sleep(max(0.0, seconds))
+            return
+        need = prompt_tokens * self.per_token
+        step, taken, due = need // self.CHUNKS, 0, time.monotonic()
+        try:
+            for i in range(self.CHUNKS):
+                size = need - taken if i == self.CHUNKS - 1 else step
+                self.take(size)
+                taken += size
+                due += seconds / self.CHUNKS
+                time.sleep(max(0.0, due - time.monotonic()))
+        finally:
+            with self.lock:
+                self.in_flight -= taken
+
+    def take(self, size: int) -> None:
+        mem_dir = os.environ.get("SANDBOX_VLLM_MEM_DIR", "/sandbox/mem")
+        with self.lock:
+            self.in_flight += size
+            grow = self.in_flight - self.reserved
+            if grow <= 0:
+                return
+            info = read_meminfo(os.environ.get("SANDBOX_VLLM_MEMINFO", "/proc/meminfo"))
+            if grow > info.get("MemFree", 0):
+                log(oom_message(grow, info, self.reserved), "ERROR")
+                log("EngineCore encountered a fatal error (prefill); the API server exits", "ERROR")
+                os._exit(1)
+            self.reserved = self.in_flight
+            HOLDER.hold(LOADED_BYTES + self.reserved)
+        sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+        import standin_mem
+
+        standin_mem.settle(mem_dir)
+
+
+LOADED_BYTES = 0  # what loading took (weights, KV pool, graphs): the holder holds it plus the prefills'
 
 
 # ---------------------------------------------------------------- the fake engine
@@ -689,8 +764,25 @@ def plan_tokens(req: dict, max_tokens: int | None = None,
     return tokens, "stop" if natural_end else "length"
 
 
+class Ticket:
+    """One request in the engine's scheduler: waiting until admitted, then running."""
+
+    def __init__(self, prompt_tokens: int, arrived: float):
+        self.prompt = prompt_tokens
+        self.arrived = arrived
+        self.admitted = None  # monotonic time it was scheduled
+        self.generated = 0
+        self.last_token = None
+
+
 class Engine:
-    """Shared state of the server: configuration, pacing and the Prometheus counters."""
+    """Shared state of the server: configuration, the scheduler, pacing and vLLM's counters.
+
+    The scheduler is vLLM's as far as a client can see it: a request waits until fewer than
+    --max-num-seqs run and its prompt fits in the free KV cache, then runs (prefill, then one
+    token at a time); `vllm:num_requests_running`/`_waiting` count those, not HTTP connections.
+    Wedged (SIGUSR1, or SANDBOX_VLLM_FAIL=wedge): /health still answers, nothing is scheduled
+    and no token is produced, so requests pile up as waiting and running, the counters flat."""
 
     def __init__(self, model: str, options: dict):
         self.names = options.get("served_model_name") or [model]
@@ -700,6 +792,8 @@ class Engine:
         self.spec_k = (spec or {}).get("num_speculative_tokens", 1) if spec is not None else None
         mml = options.get("max_model_len")
         self.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
+        self.max_num_seqs = int(options.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
+        self.kv_tokens = int(knob("SANDBOX_VLLM_KV_TOKENS", max(self.max_model_len or 0, 131072)))
         self.tps = knob("SANDBOX_VLLM_TOKENS_PER_S", 40)
         self.ttft = knob("SANDBOX_VLLM_TTFT_S", 0.05)
         self.prefill_tps = knob("SANDBOX_VLLM_PREFILL_TOKENS_PER_S", 5000)
@@ -709,54 +803,138 @@ class Engine:
         self.reasoning_parser = bool(options.get("reasoning_parser"))
         self.lm = api_modules()[1].Model(checkpoint_seed(model))
         self.fingerprint = system_fingerprint(options)
-        self.lock = threading.Lock()
-        self.prompt_total = self.gen_total = self.running = self.ttft_sum = 0
-        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)  # last slot: +Inf
+        self.wedged_at = time.monotonic() if os.environ.get("SANDBOX_VLLM_FAIL") == "wedge" else None
+        self.lock = threading.Condition()
+        self.running: list[Ticket] = []
+        self.queue: list[Ticket] = []  # waiting, in arrival order
+        self.prompt_total = self.gen_total = 0
+        self.created = time.time()
+        self.success = dict.fromkeys(standin_metrics.FINISH_REASONS, 0)
+        self.ttft_hist = standin_metrics.Histogram(standin_metrics.TTFT_BUCKETS)
+        self.itl_hist = standin_metrics.Histogram(standin_metrics.ITL_BUCKETS)
+        self.e2e_hist = standin_metrics.Histogram(standin_metrics.REQUEST_LATENCY_BUCKETS)
+        self.queue_hist = standin_metrics.Histogram(standin_metrics.REQUEST_LATENCY_BUCKETS)
+        self.prefill_memory = PrefillMemory()
 
-    def paced(self, tokens: list, prompt_tokens: int, t0: float):
-        """Yields tokens at their due time: the first after TTFT (+ prefill), then one every
-        1/tokens_per_s, on absolute deadlines so sleep jitter does not accumulate. Each stream
-        is its own thread, so concurrent streams each get the full per-stream rate."""
-        first_at = t0 + self.ttft + prompt_tokens / self.prefill_tps
-        for i, token in enumerate(tokens):
-            time.sleep(max(0.0, first_at + i / self.tps - time.monotonic()))
-            with self.lock:
-                if i == 0:
-                    self._observe_ttft(time.monotonic() - t0, prompt_tokens)
-                self.gen_total += 1
-            yield i, token
+    def wedge(self) -> None:
+        """The scheduler stops for good (a hung collective, a stuck step): only a restart helps."""
+        with self.lock:
+            if self.wedged_at is None:
+                self.wedged_at = time.monotonic()
+                log("scheduler wedged (SIGUSR1, a test's fault): /health answers, no request is "
+                    "scheduled and no token produced from now on", "WARNING")
 
-    def _observe_ttft(self, seconds: float, prompt_tokens: int) -> None:
-        self.prompt_total += prompt_tokens
-        self.ttft_sum += seconds
-        slot = next((i for i, b in enumerate(TTFT_BUCKETS) if seconds <= b), len(TTFT_BUCKETS))
-        self.ttft_counts[slot] += 1
+    def held_tokens(self, ticket: Ticket, now: float) -> int:
+        """KV tokens a running request holds: its prompt as far as prefilled, and its output."""
+        if ticket.admitted is None:
+            return 0
+        now = min(now, self.wedged_at) if self.wedged_at is not None else now
+        done = (now - ticket.admitted) * self.prefill_tps
+        return int(min(ticket.prompt, max(0.0, done))) + ticket.generated
+
+    def kv_usage(self, now: float) -> float:
+        blocks = sum(-(-self.held_tokens(t, now) // KV_BLOCK) for t in self.running)
+        return min(1.0, blocks * KV_BLOCK / self.kv_tokens) if self.kv_tokens > 0 else 0.0
+
+    def admit(self, ticket: Ticket) -> bool:
+        """Wait until the scheduler takes the request, first come first served as vLLM's default
+        policy (a request that does not fit holds up those behind it); False when the server
+        stops meanwhile."""
+        with self.lock:
+            self.queue.append(ticket)
+            try:
+                while (self.queue[0] is not ticket or self.wedged_at is not None
+                       or len(self.running) >= self.max_num_seqs or self.running and
+                       self.kv_usage(time.monotonic()) * self.kv_tokens + ticket.prompt > self.kv_tokens):
+                    if STOP.is_set():
+                        return False
+                    self.lock.wait(0.2)
+            finally:
+                self.queue.remove(ticket)
+                self.lock.notify_all()
+            ticket.admitted = time.monotonic()
+            self.running.append(ticket)
+            return True
+
+    def finish(self, ticket: Ticket, reason: str) -> None:
+        with self.lock:
+            if ticket in self.running:
+                self.running.remove(ticket)
+                self.success[reason] += 1
+                self.e2e_hist.observe(time.monotonic() - ticket.arrived)
+                self.queue_hist.observe(ticket.admitted - ticket.arrived)
+            self.lock.notify_all()
+
+    def paced(self, tokens: list, prompt_tokens: int, t0: float, finish: str = "length"):
+        """Yields tokens at their due time once the scheduler takes the request: the first after
+        TTFT (+ prefill), then one every 1/tokens_per_s, on absolute deadlines so sleep jitter
+        does not accumulate. Each stream is its own thread, so concurrent streams each get the
+        full per-stream rate. Wedged: it stops before the next token, for good."""
+        ticket = Ticket(prompt_tokens, t0)
+        if not self.admit(ticket):
+            return
+        reason = "abort"  # unless every token went out
+        try:
+            first_at = ticket.admitted + self.ttft + prompt_tokens / self.prefill_tps
+            self.prefill_memory.prefill(prompt_tokens, first_at - time.monotonic())
+            for i, token in enumerate(tokens):
+                time.sleep(max(0.0, first_at + i / self.tps - time.monotonic()))
+                while self.wedged_at is not None:
+                    if wait_for_signal(0.2):
+                        return
+                self._count_token(ticket, i == 0)
+                yield i, token
+            reason = finish
+        finally:
+            self.finish(ticket, reason)
+
+    def _count_token(self, ticket: Ticket, first: bool) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if first:  # vLLM counts a prompt's tokens when its first token comes out
+                self.prompt_total += ticket.prompt
+                self.ttft_hist.observe(now - ticket.arrived)
+            else:
+                self.itl_hist.observe(now - ticket.last_token)
+            ticket.generated += 1
+            ticket.last_token = now
+            self.gen_total += 1
 
     def metrics(self) -> str:
-        labels = f'engine="0",model_name="{self.names[0]}"'
+        m = standin_metrics
         with self.lock:
-            lines = [*counter("vllm:prompt_tokens_total", labels, self.prompt_total),
-                     *counter("vllm:generation_tokens_total", labels, self.gen_total),
-                     "# TYPE vllm:num_requests_running gauge",
-                     f"vllm:num_requests_running{{{labels}}} {float(self.running)}",
-                     "# TYPE vllm:time_to_first_token_seconds histogram"]
-            cumulative = 0
-            for bound, n in zip((*TTFT_BUCKETS, "+Inf"), self.ttft_counts):
-                cumulative += n
-                lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{bound}"}} '
-                             f"{float(cumulative)}")
-            lines += [f"vllm:time_to_first_token_seconds_sum{{{labels}}} {self.ttft_sum}",
-                      f"vllm:time_to_first_token_seconds_count{{{labels}}} {float(cumulative)}"]
+            values = {
+                "vllm:num_requests_running": [({}, len(self.running))],
+                "vllm:num_requests_waiting": [({}, len(self.queue))],
+                "vllm:num_requests_waiting_by_reason": [({"reason": "capacity"}, len(self.queue)),
+                                                        ({"reason": "deferred"}, 0)],
+                "vllm:engine_sleep_state": [({"sleep_state": "awake"}, 1),
+                                            ({"sleep_state": "weights_offloaded"}, 0),
+                                            ({"sleep_state": "discard_all"}, 0)],
+                "vllm:kv_cache_usage_perc": [({}, self.kv_usage(time.monotonic()))],
+                "vllm:num_preemptions": [({}, 0)],  # the stand-in never preempts
+                "vllm:prompt_tokens": [({}, self.prompt_total)],
+                "vllm:generation_tokens": [({}, self.gen_total)],
+                "vllm:request_success": [({"finished_reason": r}, n) for r, n in self.success.items()],
+                "vllm:time_to_first_token_seconds": [({}, self.ttft_hist)],
+                "vllm:inter_token_latency_seconds": [({}, self.itl_hist)],
+                "vllm:e2e_request_latency_seconds": [({}, self.e2e_hist)],
+                "vllm:request_queue_time_seconds": [({}, self.queue_hist)],
+            }
             if self.spec_k is not None:
-                # Every step emits 1 + accepted tokens, so drafts = generated / (1 + accepted).
-                drafts = int(self.gen_total / (1 + self.accepted))
-                lines += [*counter("vllm:spec_decode_num_drafts_total", labels, drafts),
-                          *counter("vllm:spec_decode_num_draft_tokens_total", labels,
-                                   drafts * self.spec_k),
-                          *counter("vllm:spec_decode_num_accepted_tokens_total", labels,
-                                   round(drafts * self.accepted))]
-        return "\n".join(lines) + "\n"
+                values.update(self._spec_values())
+        return m.exposition(self.names[0], self.created, values)
 
+    def _spec_values(self) -> dict:
+        """Every step emits 1 + accepted tokens, so drafts = generated / (1 + accepted); the
+        accepted tokens are the per-position counts added up, as vLLM counts them."""
+        drafts = int(self.gen_total / (1 + self.accepted))
+        per_pos = standin_metrics.per_position(drafts, self.accepted, self.spec_k)
+        return {"vllm:spec_decode_num_drafts": [({}, drafts)],
+                "vllm:spec_decode_num_draft_tokens": [({}, drafts * self.spec_k)],
+                "vllm:spec_decode_num_accepted_tokens": [({}, sum(per_pos))],
+                "vllm:spec_decode_num_accepted_tokens_per_pos": [
+                    ({"position": str(i)}, n) for i, n in enumerate(per_pos)]}
 
 def api_modules():
     """standin_requests (vLLM's request rules, the completions body) and standin_lm (the small
@@ -788,9 +966,6 @@ def system_fingerprint(options: dict) -> str:
     digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()
     return "-".join(parts + [digest[:8]])
 
-
-def counter(name: str, labels: str, value: float) -> list[str]:
-    return [f"# TYPE {name} counter", f"{name}{{{labels}}} {float(value)}"]
 
 
 # ---------------------------------------------------------------- HTTP
@@ -877,8 +1052,6 @@ class Handler(BaseHTTPRequestHandler):
                 job = self.check(req, requests)
         except requests.Refused as e:
             return self.send_json(e.status, e.body)
-        with self.engine.lock:
-            self.engine.running += 1
         try:
             if field == "prompt":
                 self.complete_text(job, t0)
@@ -886,9 +1059,6 @@ class Handler(BaseHTTPRequestHandler):
                 self.complete(req, job, t0)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away mid-stream; nothing to tell it
-        finally:
-            with self.engine.lock:
-                self.engine.running -= 1
 
     def check(self, req: dict, requests) -> tuple[int | None, int | None]:
         """vLLM's checks of a chat request, in its order (standin_requests). Returns max_tokens as
@@ -921,7 +1091,7 @@ class Handler(BaseHTTPRequestHandler):
                  "completion_tokens": len(tokens)}
         reasoning = sum(1 for field, _ in tokens if field == "reasoning")
         base = self.head("chatcmpl", req.get("model"))
-        paced = self.engine.paced(tokens, prompt, t0)
+        paced = self.engine.paced(tokens, prompt, t0, finish)
         if req.get("stream"):
             include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
             if reasoning:
@@ -985,7 +1155,7 @@ class Handler(BaseHTTPRequestHandler):
         """/v1/completions: standin_lm's tokens and logprobs in vLLM 0.33's body."""
         requests = api_modules()[0]
         base = self.head("cmpl", job.req.get("model"))
-        paced = self.engine.paced(job.tokens, len(job.prompt), t0)
+        paced = self.engine.paced(job.tokens, len(job.prompt), t0, job.finish)
         k_prompt = job.req.get("prompt_logprobs")
         if k_prompt is None and job.echo and job.k is not None:
             k_prompt = job.k  # echo with logprobs asks the engine for the prompt's too
@@ -1061,6 +1231,7 @@ def serve(model: str, options: dict) -> int:
     engine = Engine(model, options)
     host, port = options.get("host") or "0.0.0.0", options.get("port") or 8000
     Handler.engine = engine
+    signal.signal(signal.SIGUSR1, lambda *_: engine.wedge())  # a test's fault: the scheduler wedges
     try:
         server = Server((host, port), Handler)
     except OSError as e:
