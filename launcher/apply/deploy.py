@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import last_good, load_progress, memguard, prep, serve, servguard
+from . import history, last_good, load_progress, memguard, prep, serve, servguard
 from .cluster_lock import LockLost, ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
@@ -40,10 +40,19 @@ class UpReport:
     seconds: float = 0.0
     memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
     since: last_good.Since | None = None  # what changed since the last good start, as gathered
+    verify: dict = field(default_factory=dict)  # history.verdict of the verification, once run
+    entry: history.Entry | None = None  # what was recorded in the deploy history
+    plan: planning.Plan | None = None
+    gathered: object = None
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
-                "memory": [m.to_json() for m in self.memory]}
+                "memory": [m.to_json() for m in self.memory], "verify": self.verify,
+                "history_entry": self.entry.id if self.entry else None}
+
+
+class VerifyFailed(SparkstackError):
+    """The engines started and the API answers, but what it serves failed verification."""
 
 
 def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
@@ -52,12 +61,18 @@ def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
 
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
-       say=print) -> UpReport:
+       say=print, verify=None, image: str | None = None, how: str = "up",
+       record: bool = True, report: UpReport | None = None) -> UpReport:
     """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
-    (module docstring)."""
-    report = UpReport()
+    → verify → record (module docstring). `verify(loaded)`: the verification, a result with
+    `.ok` (None: none available, recorded as such); one that fails stops every rank and raises
+    VerifyFailed. `image`: serve this ref, already on every rank (rollback), instead of the
+    profile's (nothing built or shipped). `record`: add the deploy to the history. `report`:
+    filled as it goes (the caller keeps what was planned when it raises)."""
+    report = report or UpReport()
     try:
-        return _up(loaded, group, report, restart, wait_timeout, say)
+        _up(loaded, group, report, restart, wait_timeout, say, image)
+        _verify(loaded, group, report, verify, say)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
     except SparkstackError as e:
@@ -65,6 +80,58 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
             e.message = last_good.said(e.message, report.since)  # what changed on a rank, said last
             e.args, e.since = (e.message,), report.since
         raise
+    if record:
+        try:
+            _record(loaded, group, report, how)
+        except (SparkstackError, OSError) as e:  # serving all the same: the history is not the cluster
+            say(f"WARN: this deploy was not recorded in the history: {getattr(e, 'message', e)}")
+    return report
+
+
+def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None:
+    """The seam where the served model's verification enters: none given is recorded as not
+    available; a failure leaves nothing serving."""
+    if verify is None:
+        report.verify = history.verdict(None)
+        return
+    say("verifying what the API serves")
+    try:
+        result = verify(loaded)
+    except SparkstackError as e:  # could not verify: not called serving either
+        raise VerifyFailed(f"the verification could not run: {e.message}; {serve.stop_and_say(group)}") from None
+    report.verify = history.verdict(result)
+    if not result.ok:
+        stopped = serve.stop_and_say(group)
+        raise VerifyFailed(f"the API answers but what it serves failed verification: "
+                           f"{report.verify['message'] or report.verify['figures']}; {stopped}. "
+                           "Fix: go back to a deploy that verified (`sparkstack rollback`), or fix the "
+                           "image or profile and run `sparkstack up` again")
+    report.steps.append("verified")
+
+
+def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
+    """A good deploy into the history, unless the last entry is this very deploy (an `up` that
+    found it running as planned, or a restart of it after a boot or by the supervisor, adds
+    nothing: the history is of what changed)."""
+    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify)
+    path = history.path_for(loaded)
+    entries = history.load(path)
+    last = entries[-1] if entries else None
+    if last is not None and last.outcome == history.SERVING and last.same_deploy(entry):
+        report.entry = last
+        return
+    report.entry = history.add(path, entry)
+
+
+def deployed_entry(loaded: Loaded, group: Group, the_plan: planning.Plan, gathered, how: str,
+                   **kw) -> history.Entry:
+    """A history entry for `the_plan`: the image's ID as each rank has it, the checkpoint's
+    fingerprint as each rank's probe read it."""
+    found = ranks.image_ids(group, [the_plan.image])
+    ids = {t.rank: (have or {}).get(the_plan.image) for t, have, _why in found}
+    prints = {r: (f.checkpoint.fingerprint if f and f.checkpoint else None)
+              for r, f in (gathered.facts if gathered else {}).items()}
+    return history.entry_for(loaded.profile.name, the_plan, ids, prints, how=how, config=str(loaded.path), **kw)
 
 
 def _after_interrupt(group: Group, report: UpReport, say) -> str:
@@ -81,7 +148,7 @@ def _after_interrupt(group: Group, report: UpReport, say) -> str:
 
 
 def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
-        say) -> UpReport:
+        say, image: str | None = None) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
@@ -90,9 +157,9 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
     current = serve.states(group)
-    gathered = cluster.gather(loaded, group)
+    gathered = report.gathered = cluster.gather(loaded, group, image)
     report.since = last_good.since_gathered(loaded, gathered, {s.rank for s in current if s.state == "running"})
-    the_plan = judged(loaded, gathered)  # the image row is settled below
+    the_plan = report.plan = judged(loaded, gathered)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
@@ -108,7 +175,8 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         ensure_held()
-        _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
+        if image is None:  # a pinned image (rollback) is on every rank already: checked before
+            _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
         ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
