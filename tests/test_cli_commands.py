@@ -87,7 +87,7 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     aside no further than their own states; no line ends in blanks. Each reachable rank's
     MemAvailable now (issue 14), `?` where it could not be read; --json carries it in bytes."""
     import contextlib
-    from launcher.apply import deploy, engine_caches, prep, serve
+    from launcher.apply import deploy, engine_caches, last_good, prep, serve, servguard
     from launcher.transport import api
     from test_check import sandbox_cluster
 
@@ -99,6 +99,8 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     monkeypatch.setattr(deploy, "group_for", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(serve, "states", lambda group: states)
     monkeypatch.setattr(api, "health", lambda ep: False)
+    monkeypatch.setattr(servguard, "read", lambda group: {})  # no rank's guard has a record
+    monkeypatch.setattr(last_good, "explain", lambda loaded, group, states: None)  # no good start kept
     asked, GIB = [], 1 << 30
     mem = {0: 117 * GIB, 1: 10 * GIB + GIB // 2, 2: "rank 2 (spark3): timed out"}
     monkeypatch.setattr(prep, "read_mem_available", lambda group, ranks: asked.append(ranks) or mem)
