@@ -258,3 +258,16 @@ def test_a_ranks_record_read_back_names_the_stop_of_the_container_there_now():
     assert servguard.describe(now) == ("the memory guard stopped its engine at 01:01:00 UTC: MemAvailable 2.1 GiB, "
                                        "MemFree 2.0 GiB, under the hard floor of 3 GiB")
     assert servguard.parse(0, "rank 0 (spark1)", "watching\ncontainer old\n" + json.dumps(now)).stopped_engine() is None
+
+
+def test_a_guard_counts_as_watching_only_for_the_container_there_now():
+    """`status` said "watching" for any live pid in the pid file: a guard that had not yet seen
+    its container go (it looks every CHECK_S) hid a new engine's missing guard. Watching is a
+    live memwatch whose command line names the container there now."""
+    from launcher.apply import servguard
+
+    cmd = 'watching python3 memwatch.py {"container_id": "%s", "soft_free": 1} '
+    assert servguard.parse(1, "rank 1 (spark2)", cmd % "new" + "\ncontainer new\n").watching
+    assert not servguard.parse(1, "rank 1 (spark2)", cmd % "old" + "\ncontainer new\n").watching
+    assert not servguard.parse(1, "rank 1 (spark2)", "watching sleep 600 \ncontainer new\n").watching
+    assert not servguard.parse(1, "rank 1 (spark2)", "idle\ncontainer new\n").watching
