@@ -829,3 +829,15 @@ def test_attention_heads_must_divide_by_the_tensor_parallel_size(tmp_path):
     assert ask_engine(tmp_path, ["--tensor-parallel-size", "2"], site, cfg).stdout.strip().splitlines()[
         -1].startswith("ENGINECONF OK ")
 
+
+
+def test_the_sandbox_checkpoint_passes_the_sandbox_profiles_engine_configuration(tmp_path):
+    """The checkpoint `sandbox up` writes, under the sandbox profile's own flags, on an image that
+    registers what the profile needs: vLLM's configuration accepts it (heads divide by its TP)."""
+    from launcher.sandbox import model_fixture
+
+    profile = load_profile("sandbox")
+    argv = [tok for arg in profile.args for tok in shlex.split(arg)]
+    site = image_site(tmp_path, registers=tuple(profile.needs))
+    done = ask_engine(tmp_path, argv, site, model_fixture.CONFIG)
+    assert done.stdout.strip().splitlines()[-1].startswith("ENGINECONF OK "), done.stdout + done.stderr
