@@ -26,16 +26,19 @@ CONFIG = {
     "moe_intermediate_size": 32,
     "num_hidden_layers": 6,
     "num_nextn_predict_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
+    # 4: vLLM refuses heads that do not divide by --tensor-parallel-size (the sandbox plans TP4)
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
     "q_lora_rank": 128,
     "kv_lora_rank": 512,
     "qk_nope_head_dim": 64,
     "qk_rope_head_dim": 64,
     "v_head_dim": 64,
     "index_head_dim": 128,
-    "index_n_heads": 2,
-    "index_topk": 256,
+    "index_n_heads": 2,  # vLLM replicates the indexer on every TP rank: no rule to divide
+    # GLM-5's figure: vLLM's DCP top-k merge takes only 512, 1024 or 2048, older CUDA prefill
+    # paths assert 2048. No tensor's shape depends on it.
+    "index_topk": 2048,
     "n_routed_experts": 8,
     "n_shared_experts": 1,
     "num_experts_per_tok": 2,
