@@ -3,8 +3,10 @@
 up = the API key (generated the first time, launcher/inputs/apikey.py) → prepare the nodes →
 gather (launcher/gather/) → plan → judge (`check`'s rows over the same gathered value and the
 plan's figures: any failure stops here, nothing started) → build and ship only if a rank lacks
-the profile's image → start (workers, then the head) → wait until the API answers. A cluster
-already running as planned is left alone (`restart` forces a new start).
+the profile's image → start (workers, then the head) → wait until the API answers → verify
+(the quick form of `sparkstack verify`, apply/verify.py: a model that answers wrong is not
+serving, so every rank is stopped and the figures said). A cluster already running as planned is left alone (`restart`
+forces a new start), but verified all the same.
 Interrupted (Ctrl+C, SIGTERM, SIGHUP): what is in flight is cancelled, the containers this run
 started are stopped, and the message says whether every rank confirmed it; a second interrupt
 exits without waiting for that stop.
@@ -39,11 +41,12 @@ class UpReport:
     starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
     memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
+    verify: dict | None = None  # the quick verification's figures (VerifyResult.to_json); None: skipped
     since: last_good.Since | None = None  # what changed since the last good start, as gathered
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
-                "memory": [m.to_json() for m in self.memory]}
+                "memory": [m.to_json() for m in self.memory], "verify": self.verify}
 
 
 def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
@@ -52,12 +55,12 @@ def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
 
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
-       say=print) -> UpReport:
-    """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
-    (module docstring)."""
+       say=print, verify: bool = True) -> UpReport:
+    """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait →
+    verify (module docstring); `verify=False` skips the last on purpose (`up --no-verify`)."""
     report = UpReport()
     try:
-        return _up(loaded, group, report, restart, wait_timeout, say)
+        return _up(loaded, group, report, restart, wait_timeout, say, verify)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
     except SparkstackError as e:
@@ -81,7 +84,7 @@ def _after_interrupt(group: Group, report: UpReport, say) -> str:
 
 
 def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
-        say) -> UpReport:
+        say, verify: bool = True) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
@@ -123,6 +126,11 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
     report.steps.append("the API answers")
+    if verify:  # before anything counts this start as a good one
+        report.starting = True  # a failed verification stops every rank, started now or before
+        _verify(loaded, group, report, say)
+    else:
+        say("not verified (--no-verify): nothing has checked that the model answers right")
     if servguard.start(loaded, group, say=say):  # the rank's own guard from now on (issue 29)
         report.steps.append("the memory guard watches every rank")
     if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
@@ -132,6 +140,28 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     return report
 
 
+class NotVerified(SparkstackError):
+    pass
+
+
+def _verify(loaded: Loaded, group: Group, report: UpReport, say) -> None:
+    """The quick form of `verify` once the API answers: a model that fails it is not serving,
+    so every rank is stopped (nothing half-started) and the figures and the fix said."""
+    from . import verify as verifying
+
+    say("verifying the served model (quick form of `sparkstack verify`; --no-verify skips it)")
+    try:
+        result = verifying.run(loaded, quick=True)
+    except SparkstackError as e:
+        raise NotVerified(f"{e.message}\nthe model is not serving: {serve.stop_and_say(group)}") from None
+    report.verify = result.to_json()
+    say("  " + result.summary())
+    if not result.ok:
+        failed = "\n".join(f"  {line.what}: {line.measured} (want {line.bound})" for line in result.failed)
+        raise NotVerified(f"rank 0 ({group.connections[0].target.name}) answers, but the model failed "
+                          f"verification, so it is not serving:\n{failed}\n{serve.stop_and_say(group)}\n"
+                          f"fix: {result.fix}")
+    report.steps.append("verified")
 def _serving_memory(group: Group, report: UpReport) -> dict[int, int]:
     """Each rank's MemAvailable now it serves: the guard's last sample, else read (guard off)."""
     seen = {m.rank: m.samples[-1][1] for m in report.memory if m.samples}

@@ -116,6 +116,7 @@ class Supervisor:
     say: object = print
     sleep: object = time.sleep
     restarts: list[float] = field(default_factory=list)  # monotonic times, within the hour
+    verify: bool = True  # each (re-)deploy verified as `up` does (`up --keep --no-verify`: not)
 
     @property
     def settings(self):
@@ -128,7 +129,8 @@ class Supervisor:
         restart = False
         while True:
             try:
-                deploy.up(self.loaded, self.group, restart=restart, wait_timeout=self.wait_timeout, say=self.say)
+                deploy.up(self.loaded, self.group, restart=restart, wait_timeout=self.wait_timeout, say=self.say,
+                          verify=self.verify)
                 self.log.add("serving")
                 self.say("serving; watching every rank and the API "
                          f"(every {self.settings.check_interval_s:g} s){_liveness_note(self.settings.liveness)}")
