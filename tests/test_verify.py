@@ -10,6 +10,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -72,6 +73,88 @@ def test_missing_logprobs_refused_unless_the_engine_may_lack_them():
     assert not refused.ok and refused.failed[0].what == "prompt logprobs" and "prompt_logprobs" in refused.fix
     tensorfold = judging.judge(m, None, logprobs_required=False)
     assert tensorfold.ok and "the server gave no prompt logprobs" in tensorfold.notes
+
+
+def test_the_deploy_history_keeps_a_verdict_of_status_figures_and_message():
+    """history.verdict of a judged result: what `up`/`upgrade`/`rollback` record (a few hundred
+    bytes: each text's perplexity, each concurrency's probes, the baseline held to)."""
+    from launcher.apply import history
+
+    base = Baseline({"profile": "x"}, (figure(ppl=3.0),), "2026-12-02T00:00:00+00:00")
+    passed = history.verdict(judging.judge(measured([figure(ppl=3.01)]), base))
+    assert passed["status"] == "passed"
+    assert passed["figures"] == {"form": "quick", "seconds": 1.0, "perplexity": {"prose": 3.01},
+                                 "probes": {"alone": "4/4 right", "4 at once": "4/4 right", "8 at once": "4/4 right"},
+                                 "baseline": "2026-12-02T00:00:00+00:00"}
+    assert passed["message"].startswith("verify (quick) passed: perplexity prose 3.010")
+    crowded = history.verdict(judging.judge(measured(wrong_at=(4, 8)), None))
+    assert crowded["status"] == "failed" and crowded["figures"]["probes"]["4 at once"] == "0/4 right"
+    assert crowded["figures"]["baseline"] is None
+    assert crowded["message"].splitlines()[1].startswith("  probes 4 at once: 0/4 right: counting: 'garbage'")
+    assert len(json.dumps(crowded)) < 1000
+    missing = history.verdict(judging.judge(measured(figures=(), missing="no prompt logprobs"), None, False))
+    assert missing["status"] == "passed" and missing["figures"]["no_logprobs"] == "no prompt logprobs"
+    assert missing["figures"]["perplexity"] == {}
+
+
+def test_a_skipped_or_unavailable_verification_is_recorded_as_such():
+    from launcher.apply import history, verify as verifying_mod
+
+    assert history.verdict(None) == {"status": "not available"}
+    assert history.SKIPPED == {"status": "skipped"}
+    assert verifying_mod.chosen(True) is False and verifying_mod.chosen(False) is verifying_mod.quick
+
+
+def _rank0():
+    return SimpleNamespace(connections=[SimpleNamespace(target=SimpleNamespace(name="rank 0 (spark1)"))])
+
+
+def _seam(monkeypatch, verify):
+    """deploy._verify with `verify`, the ranks' stop faked: (report, said, stops)."""
+    from launcher.apply import deploy, serve
+
+    stops, said = [], []
+    monkeypatch.setattr(serve, "stop_and_say", lambda group: stops.append(group) or "every rank's container was stopped")
+    report = deploy.UpReport()
+    deploy._verify(None, _rank0(), report, verify, said.append)
+    return report, said, stops
+
+
+def test_up_verifies_through_the_seam_and_a_failure_stops_every_rank(monkeypatch):
+    from launcher.apply import deploy
+
+    good = judging.judge(measured(), None)
+    report, said, stops = _seam(monkeypatch, lambda loaded: good)
+    assert report.verify["status"] == "passed" and "verified" in report.steps and not stops
+    assert any(line.startswith("  verify (quick) passed") for line in said)
+
+    bad = judging.judge(measured(wrong_at=(4, 8)), None)
+    with pytest.raises(deploy.VerifyFailed) as raised:
+        deploy._verify(None, _rank0(), deploy.UpReport(), lambda loaded: bad, lambda line: None)
+    message = raised.value.message
+    assert "answers, but what it serves failed verification, so it is not serving" in message
+    assert "probes 4 at once: 0/4 right" in message and "every rank's container was stopped" in message
+    assert "fix: the model answers right alone but wrong when requests batch" in message
+
+    skipped, said, stops = _seam(monkeypatch, False)
+    assert skipped.verify == {"status": "skipped"} and "verified" not in skipped.steps and not stops
+    assert said == ["not verified (--no-verify): nothing has checked that the model answers right"]
+    none, said, _ = _seam(monkeypatch, None)
+    assert none.verify == {"status": "not available"} and not said
+
+
+def test_a_verification_that_cannot_run_stops_every_rank(monkeypatch):
+    from launcher.apply import deploy, serve
+    from launcher.errors import SparkstackError
+
+    def cannot(loaded):
+        raise SparkstackError("verify: rank 0's API at http://x did not answer")
+
+    monkeypatch.setattr(serve, "stop_and_say", lambda group: "every rank's container was stopped")
+    with pytest.raises(deploy.VerifyFailed) as raised:
+        deploy._verify(None, _rank0(), deploy.UpReport(), cannot, lambda line: None)
+    assert raised.value.message.startswith("the verification could not run: verify: rank 0's API")
+    assert raised.value.message.endswith("the model is not serving: every rank's container was stopped")
 
 
 def test_card_figures_are_context_only():

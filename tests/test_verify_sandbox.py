@@ -22,11 +22,19 @@ from serving import cli, states
 
 
 @pytest.fixture
-def cfg(sandbox):
+def cfg(sandbox, tmp_path, monkeypatch):
+    """The sandbox's config, with a state dir (deploy history, baselines, API key) of the test's own."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     path = str(sandbox.config)
     yield path
     assert cli("down", "-c", path).exit_code == 0
     assert set(states(path).values()) == {"absent"}
+
+
+def history(cfg: str) -> list[dict]:
+    result = cli("history", "-c", cfg, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["entries"]
 
 
 def variant_config(sandbox, tmp_path, variant: str) -> str:
@@ -56,8 +64,12 @@ def test_the_good_chain_serves_verified_and_keeps_a_baseline(sandbox, cfg):
     up = cli("up", "-c", cfg, "--json")
     assert up.exit_code == 0, up.output
     report = json.loads(up.stdout)
-    assert report["verify"]["ok"] and "verified" in report["steps"]
-    assert {f["name"] for f in report["verify"]["figures"]} == {"prose", "code"}
+    assert report["verify"]["status"] == "passed" and "verified" in report["steps"]
+    assert set(report["verify"]["figures"]["perplexity"]) == {"prose", "code"}
+    recorded = history(cfg)  # the deploy history keeps the verification's figures
+    assert [(e["how"], e["verify"]["status"]) for e in recorded] == [("up", "passed")]
+    assert recorded[0]["verify"]["figures"] == report["verify"]["figures"]
+    assert "verify passed" in cli("history", "-c", cfg).output
     loaded = load(Path(cfg))
     baseline = verifying.baseline_path(loaded)
     try:
@@ -90,5 +102,8 @@ def test_a_broken_overlay_fails_and_nothing_is_left_serving(sandbox, cfg, tmp_pa
     # --no-verify serves it, on purpose; `verify` then fails it with the same figures
     unverified = cli("up", "-c", path, "--no-verify")
     assert unverified.exit_code == 0, unverified.output
+    assert "not verified (--no-verify)" in unverified.output
+    # only what served is recorded: the failed `up` is not, the skipped verification is said
+    assert [(e["how"], e["verify"]) for e in history(path)] == [("up", {"status": "skipped"})]
     checked = cli("verify", "-c", path, "--json")
     assert checked.exit_code == 1 and not json.loads(checked.stdout)["ok"]

@@ -4,9 +4,10 @@ up = the API key (generated the first time, launcher/inputs/apikey.py) → prepa
 gather (launcher/gather/) → plan → judge (`check`'s rows over the same gathered value and the
 plan's figures: any failure stops here, nothing started) → build and ship only if a rank lacks
 the profile's image → start (workers, then the head) → wait until the API answers → verify
-(the quick form of `sparkstack verify`, apply/verify.py: a model that answers wrong is not
-serving, so every rank is stopped and the figures said). A cluster already running as planned is left alone (`restart`
-forces a new start), but verified all the same.
+(the caller's callable, `up`'s being the quick form of `sparkstack verify`, apply/verify.py: a
+model that answers wrong is not serving, so every rank is stopped and the figures said) →
+record in the deploy history (apply/history.py). A cluster already running as planned is left
+alone (`restart` forces a new start), but verified all the same.
 Interrupted (Ctrl+C, SIGTERM, SIGHUP): what is in flight is cancelled, the containers this run
 started are stopped, and the message says whether every rank confirmed it; a second interrupt
 exits without waiting for that stop.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import last_good, load_progress, memguard, prep, serve, servguard
+from . import history, last_good, load_progress, memguard, prep, serve, servguard
 from .cluster_lock import LockLost, ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
@@ -41,12 +42,20 @@ class UpReport:
     starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
     memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
-    verify: dict | None = None  # the quick verification's figures (VerifyResult.to_json); None: skipped
     since: last_good.Since | None = None  # what changed since the last good start, as gathered
+    verify: dict = field(default_factory=dict)  # history.verdict of the verification, once run
+    entry: history.Entry | None = None  # what was recorded in the deploy history
+    plan: planning.Plan | None = None
+    gathered: object = None
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
-                "memory": [m.to_json() for m in self.memory], "verify": self.verify}
+                "memory": [m.to_json() for m in self.memory], "verify": self.verify,
+                "history_entry": self.entry.id if self.entry else None}
+
+
+class VerifyFailed(SparkstackError):
+    """The engines started and the API answers, but what it serves failed verification."""
 
 
 def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
@@ -55,12 +64,18 @@ def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
 
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
-       say=print, verify: bool = True) -> UpReport:
-    """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait →
-    verify (module docstring); `verify=False` skips the last on purpose (`up --no-verify`)."""
-    report = UpReport()
+       say=print, verify=None, image: str | None = None, how: str = "up",
+       record: bool = True, report: UpReport | None = None) -> UpReport:
+    """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
+    → verify → record (module docstring). `verify(loaded)`: the verification (apply/verify.py
+    `quick`), a result with `.ok` that history.verdict keeps; None: none available, recorded as
+    such; False: skipped on purpose (`--no-verify`), recorded as that. One that fails stops every
+    rank and raises VerifyFailed. `image`: serve this ref, already on every rank (rollback),
+    instead of the profile's (nothing built or shipped). `record`: add the deploy to the history.
+    `report`: filled as it goes (the caller keeps what was planned when it raises)."""
+    report = report or UpReport()
     try:
-        return _up(loaded, group, report, restart, wait_timeout, say, verify)
+        _up(loaded, group, report, restart, wait_timeout, say, image, verify)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
     except SparkstackError as e:
@@ -68,6 +83,67 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
             e.message = last_good.said(e.message, report.since)  # what changed on a rank, said last
             e.args, e.since = (e.message,), report.since
         raise
+    if record:
+        try:
+            _record(loaded, group, report, how)
+        except (SparkstackError, OSError) as e:  # serving all the same: the history is not the cluster
+            say(f"WARN: this deploy was not recorded in the history: {getattr(e, 'message', e)}")
+    return report
+
+
+def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None:
+    """The seam where the served model's verification enters (up's `verify`): none given is
+    recorded as not available, False as skipped; a failure, or one that cannot run, leaves
+    nothing serving, started now or before (nothing half-started)."""
+    if verify is None:
+        report.verify = history.verdict(None)
+        return
+    if verify is False:
+        report.verify = dict(history.SKIPPED)
+        say("not verified (--no-verify): nothing has checked that the model answers right")
+        return
+    say("verifying the served model (the quick form of `sparkstack verify`; --no-verify skips it)")
+    report.starting = True  # Ctrl+C while verifying stops every rank too
+    try:
+        result = verify(loaded)
+    except SparkstackError as e:  # could not verify: not called serving either
+        raise VerifyFailed(f"the verification could not run: {e.message}\nthe model is not serving: "
+                           f"{serve.stop_and_say(group)}") from None
+    report.verify = history.verdict(result)
+    if hasattr(result, "summary"):
+        say("  " + result.summary())
+    if not result.ok:
+        stopped = serve.stop_and_say(group)
+        fix = getattr(result, "fix", "") or "fix the image or profile and run `sparkstack up` again"
+        raise VerifyFailed(f"rank 0 ({group.connections[0].target.name}) answers, but what it serves failed "
+                           f"verification, so it is not serving: {report.verify['message'] or report.verify['figures']}"
+                           f"\n{stopped}\nfix: {fix}; or go back to a deploy that verified (`sparkstack rollback`)")
+    report.steps.append("verified")
+
+
+def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
+    """A good deploy into the history, unless the last entry is this very deploy (an `up` that
+    found it running as planned, or a restart of it after a boot or by the supervisor, adds
+    nothing: the history is of what changed)."""
+    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify)
+    path = history.path_for(loaded)
+    entries = history.load(path)
+    last = entries[-1] if entries else None
+    if last is not None and last.outcome == history.SERVING and last.same_deploy(entry):
+        report.entry = last
+        return
+    report.entry = history.add(path, entry)
+
+
+def deployed_entry(loaded: Loaded, group: Group, the_plan: planning.Plan, gathered, how: str,
+                   **kw) -> history.Entry:
+    """A history entry for `the_plan`: the image's ID as each rank has it, the checkpoint's
+    fingerprint as each rank's probe read it."""
+    found = ranks.image_ids(group, [the_plan.image])
+    ids = {t.rank: (have or {}).get(the_plan.image) for t, have, _why in found}
+    prints = {r: (f.checkpoint.fingerprint if f and f.checkpoint else None)
+              for r, f in (gathered.facts if gathered else {}).items()}
+    return history.entry_for(loaded.profile.name, the_plan, ids, prints, how=how, config=str(loaded.path), **kw)
 
 
 def _after_interrupt(group: Group, report: UpReport, say) -> str:
@@ -84,7 +160,7 @@ def _after_interrupt(group: Group, report: UpReport, say) -> str:
 
 
 def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
-        say, verify: bool = True) -> UpReport:
+        say, image: str | None = None, verify=None) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     say("preparing the nodes (sysctls, checkpoint mount, page caches)")
@@ -93,9 +169,9 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
     current = serve.states(group)
-    gathered = cluster.gather(loaded, group)
+    gathered = report.gathered = cluster.gather(loaded, group, image)
     report.since = last_good.since_gathered(loaded, gathered, {s.rank for s in current if s.state == "running"})
-    the_plan = judged(loaded, gathered)  # the image row is settled below
+    the_plan = report.plan = judged(loaded, gathered)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
@@ -111,7 +187,8 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         ensure_held()
-        _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
+        if image is None:  # a pinned image (rollback) is on every rank already: checked before
+            _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
         ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
@@ -126,11 +203,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
     report.steps.append("the API answers")
-    if verify:  # before anything counts this start as a good one
-        report.starting = True  # a failed verification stops every rank, started now or before
-        _verify(loaded, group, report, say)
-    else:
-        say("not verified (--no-verify): nothing has checked that the model answers right")
+    _verify(loaded, group, report, verify, say)  # before anything counts this start as a good one
     if servguard.start(loaded, group, say=say):  # the rank's own guard from now on (issue 29)
         report.steps.append("the memory guard watches every rank")
     if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
@@ -140,28 +213,6 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     return report
 
 
-class NotVerified(SparkstackError):
-    pass
-
-
-def _verify(loaded: Loaded, group: Group, report: UpReport, say) -> None:
-    """The quick form of `verify` once the API answers: a model that fails it is not serving,
-    so every rank is stopped (nothing half-started) and the figures and the fix said."""
-    from . import verify as verifying
-
-    say("verifying the served model (quick form of `sparkstack verify`; --no-verify skips it)")
-    try:
-        result = verifying.run(loaded, quick=True)
-    except SparkstackError as e:
-        raise NotVerified(f"{e.message}\nthe model is not serving: {serve.stop_and_say(group)}") from None
-    report.verify = result.to_json()
-    say("  " + result.summary())
-    if not result.ok:
-        failed = "\n".join(f"  {line.what}: {line.measured} (want {line.bound})" for line in result.failed)
-        raise NotVerified(f"rank 0 ({group.connections[0].target.name}) answers, but the model failed "
-                          f"verification, so it is not serving:\n{failed}\n{serve.stop_and_say(group)}\n"
-                          f"fix: {result.fix}")
-    report.steps.append("verified")
 def _serving_memory(group: Group, report: UpReport) -> dict[int, int]:
     """Each rank's MemAvailable now it serves: the guard's last sample, else read (guard off)."""
     seen = {m.rank: m.samples[-1][1] for m in report.memory if m.samples}

@@ -9,7 +9,9 @@ judged by launcher/check/verify.py (the thresholds and why are there).
 - the baseline for this checkpoint + recipe, kept on this host beside the kit's other state
   (`verify --record-baseline` writes it; `run` reads it).
 
-`run(loaded, quick=True) -> VerifyResult` is the one entry point (`up`, the CLI, the upgrade).
+`run(loaded, quick=True) -> VerifyResult` is the one entry point; `quick(loaded)` is the form
+`up`, `upgrade`, `rollback` and the supervisor pass to deploy.up's `verify` seam, and
+`chosen(no_verify)` picks it or the skip.
 """
 
 from __future__ import annotations
@@ -67,6 +69,17 @@ def run(loaded: Loaded, quick: bool = True, say=lambda line: None) -> VerifyResu
     measured = Measured(measured.form, measured.figures, measured.answers, time.monotonic() - started,
                         measured.no_logprobs)
     return judging.judge(measured, read_baseline(loaded), loaded.engine.prompt_logprobs)
+
+
+def quick(loaded: Loaded) -> VerifyResult:
+    """The quick form, as deploy.up's `verify` callable: a failed result stops every rank there."""
+    return run(loaded, quick=True)
+
+
+def chosen(no_verify: bool):
+    """deploy.up's `verify` for a command's --no-verify: the quick form, or False (skipped on
+    purpose, recorded as that in the history)."""
+    return False if no_verify else quick
 
 
 def measure(ep: api.Endpoint, quick: bool, say=lambda line: None) -> Measured:

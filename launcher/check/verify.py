@@ -162,6 +162,29 @@ class VerifyResult:
         return (f"verify ({self.form}) {verdict}: perplexity {ppl}; probes {passed}/{len(self.measured.answers)} "
                 f"right; {self.measured.seconds:.1f} s")
 
+    @property
+    def message(self) -> str:
+        """What the deploy history keeps beside the figures, and `up` says when it fails: the
+        summary, and each failed line with its bound."""
+        return "\n".join([self.summary(), *(f"  {line.what}: {line.measured} (want {line.bound})"
+                                            for line in self.failed)])
+
+    @property
+    def figures(self) -> dict:
+        """The figures the deploy history keeps (history.verdict): each text's perplexity and
+        each concurrency's probes, against what (a baseline's time, or the sane bound)."""
+        m = self.measured
+        probes = {}
+        for a in m.answers:
+            right, total = probes.get(a.concurrency, (0, 0))
+            probes[a.concurrency] = (right + a.ok, total + 1)
+        return {"form": self.form, "seconds": round(m.seconds, 2),
+                "perplexity": {f.name: round(f.perplexity, 4) for f in m.figures},
+                "probes": {("alone" if n == 1 else f"{n} at once"): f"{r}/{t} right"
+                           for n, (r, t) in sorted(probes.items())},
+                "baseline": self.baseline.recorded if self.baseline else None,
+                **({"no_logprobs": m.no_logprobs} if m.no_logprobs else {})}
+
     def to_json(self) -> dict:
         m = self.measured
         return {"ok": self.ok, "form": self.form, "seconds": round(m.seconds, 2),

@@ -49,19 +49,19 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout,
     failure, re-deploy on every rank after a backoff (keep.backoff_s, doubling), and give up with
     every rank stopped after keep.max_restarts_per_hour, or when a rank's memory does not come
     back (memory_guard.serving.memory_back_s). Events go to a log `status` reads (each failure's
-    cause with what changed since the last good start), and a Prometheus textfile beside it.
+    cause with what changed since the last good start); `sparkstack metrics serve` exports them.
     Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
-    from ..apply import cluster_lock, deploy
+    from ..apply import cluster_lock, deploy, verify as verifying
     from ..errors import SparkstackError
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if keep:
-        return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, not no_verify)
+        return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, no_verify)
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         try:
             report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say,
-                               verify=not no_verify)
+                               verify=verifying.chosen(no_verify))
         except SparkstackError as e:
             if as_json and getattr(e, "since", None):  # what changed since the last good start, for scripts
                 click.echo(json.dumps({"error": e.message, "since_last_good_start": e.since.to_json()}, indent=2))
@@ -79,13 +79,14 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout,
     _say_how_to_authenticate(loaded)
 
 
-def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, verify) -> None:
-    from ..apply import cluster_lock, deploy, supervisor
+def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, no_verify) -> None:
+    from ..apply import cluster_lock, deploy, supervisor, verify as verifying
 
     log = supervisor.EventLog(supervisor.log_path(loaded))
-    say(f"supervising {loaded.profile.name}: events in {log.path}, metrics in {log.path.with_suffix('.prom')}")
+    say(f"supervising {loaded.profile.name}: events in {log.path} (`sparkstack metrics serve` exports them)")
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
-        supervisor.Supervisor(loaded, group, log, wait_timeout, say, verify=verify).run()
+        supervisor.Supervisor(loaded, group, log, wait_timeout, say,
+                              verify=verifying.chosen(no_verify)).run()
 
 
 def _say_how_to_authenticate(loaded) -> None:

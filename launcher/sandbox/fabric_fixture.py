@@ -248,14 +248,30 @@ def ip_addr_json(rank: int, n: int = N_RANKS, topology: str = "ring") -> list[di
     return out
 
 
-def write_tree(root: str | os.PathLike, files: dict[str, str]) -> None:
-    """Write a fixture tree; removes files under ``root`` that the tree does not name."""
+def counter_links(state_dir: str, n_hcas: int = len(HCAS)) -> dict[str, str]:
+    """Each HCA's port counters as links into the rank's RoCE counter stand-in
+    (roce_standin.py), which keeps them moving with the veth's traffic: relative path -> target."""
+    return {f"class/infiniband/{hca}/ports/1/{folder}": f"{state_dir}/{hca}/{folder}"
+            for hca, *_ in HCAS[:n_hcas] for folder in ("counters", "hw_counters")}
+
+
+def write_tree(root: str | os.PathLike, files: dict[str, str], links: dict[str, str] | None = None) -> None:
+    """Write a fixture tree (and `links`: relative path -> symlink target, which may exist only
+    inside the rank); removes files under ``root`` that the tree does not name."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     wanted = {root / rel for rel in files}
     for path in sorted(root.rglob("*"), reverse=True):
-        if path.is_file() and path not in wanted:
+        if path.is_file() and not path.is_symlink() and path not in wanted:
             path.unlink()
+    for rel, target in (links or {}).items():
+        path = root / rel
+        if path.is_symlink() and os.readlink(path) == target:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            path.unlink()
+        path.symlink_to(target)
     for rel, content in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
