@@ -92,6 +92,9 @@ def test_the_deploy_history_keeps_a_verdict_of_status_figures_and_message():
     assert crowded["figures"]["baseline"] is None
     assert crowded["message"].splitlines()[1].startswith("  probes 4 at once: 0/4 right: counting: 'garbage'")
     assert len(json.dumps(crowded)) < 1000
+    shown = SimpleNamespace(id=1, at="t", how="up", outcome="serving", profile="p", image="i", ranks=[],
+                            verify=passed, downtime_s=None, error=None, note=None)
+    assert "verify passed (prose 3.010)" in history.line(shown)
     missing = history.verdict(judging.judge(measured(figures=(), missing="no prompt logprobs"), None, False))
     assert missing["status"] == "passed" and missing["figures"]["no_logprobs"] == "no prompt logprobs"
     assert missing["figures"]["perplexity"] == {}

@@ -217,6 +217,10 @@ def line(e: Entry) -> str:
     ids = sorted({short(r.image_id) for r in e.ranks})
     checkpoint = sorted({(r.checkpoint or "unknown")[:12] for r in e.ranks})
     v = e.verify.get("status", "?")
+    figures = e.verify.get("figures")
+    ppl = figures.get("perplexity") if isinstance(figures, dict) else None
+    if ppl:  # the perplexities the record keeps, beside the verdict
+        v += " (" + ", ".join(f"{name} {value:.3f}" for name, value in ppl.items()) + ")"
     parts = [f"{e.id:>4}  {e.at}  {e.how:<8} {e.outcome:<7} {e.profile}",
              f"image {e.image} ({', '.join(ids)})", f"checkpoint {', '.join(checkpoint)}", f"verify {v}"]
     if e.downtime_s is not None:
