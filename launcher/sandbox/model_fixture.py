@@ -185,15 +185,31 @@ REGISTERS = {
 EXTENSION = ("exllamav3_ext.so", b"\x7fELF sparkstack sandbox stand-in: exllamav3 1.4.5 extension\n")
 
 
-def write_patches(path: Path) -> list[str]:
-    """Small stand-in patch files for the sandbox profile's image chain (plain python files)."""
+# Broken variants of the chain (issue 30: `verify` must fail them): the patch that breaks, and
+# the fault it declares to the stand-in vLLM (standins/standin_vllm.py image_fault), as a real
+# broken overlay would behave: it loads without error and then answers wrong.
+VARIANTS = {
+    # mul1's EXL3 overlay narrowing the trellis to the declared width (seed 003): every logit is noise
+    "noise": ("exl3.py", "noise", "this variant narrows each fused shard to its declared width: "
+              "loads without error, emits gibberish"),
+    # keys' indexer, wrong only when 4 or more requests are batched (a TP kernel's fault, seed 003)
+    "crowded": ("sparse_attn_indexer.py", "crowded:4", "this variant's top-k fallback corrupts "
+                "the batch once 4 or more requests run at once"),
+}
+
+
+def write_patches(path: Path, variant: str | None = None) -> list[str]:
+    """Small stand-in patch files for the sandbox profile's image chain (plain python files);
+    `variant` (a VARIANTS key) writes that broken overlay instead of the good one."""
     path.mkdir(parents=True, exist_ok=True)
+    broken, fault, why = VARIANTS[variant] if variant else (None, None, None)
     for name, what in PATCHES.items():
         _write_if_changed(path / name,
                           f"# sparkstack sandbox stand-in patch: {name}\n"
                           f"# The real file comes from the serving repository's checkout; this one\n"
                           f"# only stands for: {what}.\n"
                           f"SANDBOX_PATCH = {name.removesuffix('.py')!r}\n"
-                          + (f"SANDBOX_REGISTERS = {REGISTERS[name]!r}\n" if name in REGISTERS else ""))
+                          + (f"SANDBOX_REGISTERS = {REGISTERS[name]!r}\n" if name in REGISTERS else "")
+                          + (f"# BROKEN: {why}\nSANDBOX_FAULT = {fault!r}\n" if name == broken else ""))
     _write_if_changed(path / EXTENSION[0], EXTENSION[1])
     return sorted([*PATCHES, EXTENSION[0]])
