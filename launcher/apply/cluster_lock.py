@@ -24,12 +24,11 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 
-import paramiko
 
 from .. import onrank
 from ..errors import SparkstackError
 from ..inputs.config import Loaded
-from ..transport.remote import Connection, Group
+from ..transport.remote import Connection, Group, paramiko  # without invoke: remote._import_paramiko
 
 LOCK_PATH = "/tmp/sparkstack-lock/cluster.lock"  # on rank 0; gone with a reboot, as a lock should be
 STALE_S = 30  # silence from the holder after which its lock lapses

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import load_progress, memguard, prep, serve, servguard
+from . import load_progress, memguard, prep, serve, servguard, steady
 from .cluster_lock import ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
@@ -78,12 +78,24 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         say) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
-    say("preparing the nodes (sysctls, checkpoint mount, page caches)")
-    prep.prepare(loaded, group, say=say).raise_for_failures()
+    seen = steady.look(loaded, group)  # ONE probe per rank: serving as planned already?
+    if seen.as_planned and not restart and steady.answers(loaded, say):
+        say("already running as planned: nothing to change (--restart forces a new start)")
+        report.steps.append("the API answers")
+        if servguard.start(loaded, group, say=say, watched=seen.watched):
+            report.steps.append("the memory guard watches every rank")
+        report.seconds = time.monotonic() - started
+        return report
+    if seen.why_not and not restart:
+        say(f"not as planned: {seen.why_not}")
+    drop = restart or not seen.current  # serving as planned: the memory is the engine's, no drop
+    say("preparing the nodes (sysctls, checkpoint mount" + (", page caches)" if drop else ")"))
+    prepared = prep.prepare(loaded, group, say=say, probed=seen.probed, drop=drop)
+    prepared.raise_for_failures()
     report.steps.append("prepared the nodes")
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
-    the_plan, gathered = _preflight(loaded, group)  # the image row is settled below
+    the_plan, gathered = _preflight(loaded, group, probed=prepared.probed)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
@@ -145,9 +157,10 @@ def preflight(loaded: Loaded, group: Group, image: str | None = None) -> plannin
     return _preflight(loaded, group, image)[0]
 
 
-def _preflight(loaded: Loaded, group: Group, image: str | None = None):
-    """preflight's plan, and what was gathered for it."""
-    gathered = cluster.gather(loaded, group, image)
+def _preflight(loaded: Loaded, group: Group, image: str | None = None, probed=None):
+    """preflight's plan, and what was gathered for it (from `probed`, the probe answers this
+    command already has, where given)."""
+    gathered = cluster.gather(loaded, group, image, probed)
     the_plan, refused = _plan(loaded, gathered)
     refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:
