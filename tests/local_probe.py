@@ -36,13 +36,13 @@ def run_probe(args: dict, env: dict | None = None) -> dict:
     return json.loads(done.stdout)
 
 
-def sandbox_rank_raw(root: Path, r: int) -> dict:
+def sandbox_rank_raw(root: Path, r: int, tree: dict[str, str] | None = None) -> dict:
     """The probe's raw output for sandbox rank r's fixture sysfs and `ip addr`, written under root.
-    The `ip addr` also holds what a sandbox rank's real one shows beside the fixture's: its
+    `tree`: another fixture tree (fabric_fixture.sysfs_tree with a fault). The `ip addr` also holds what a sandbox rank's real one shows beside the fixture's: its
     management address on eth0 (the sandbox's Docker network, the config's `address`)."""
     from launcher.sandbox import cluster, fabric_fixture as sfabric
 
-    sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r))
+    sfabric.write_tree(root / "sysfs", sfabric.sysfs_tree(r) if tree is None else tree)
     net = ipaddress.ip_network(cluster.DEFAULT_SUBNET)
     eth0 = {"ifindex": 2, "ifname": "eth0", "mtu": 1500, "operstate": "UP",
             "addr_info": [{"family": "inet", "local": cluster.rank_address(r, net),
@@ -51,12 +51,12 @@ def sandbox_rank_raw(root: Path, r: int) -> dict:
     return run_probe(facts.probe_args(str(root / "sysfs")))
 
 
-def sandbox_rank_facts(root: Path, r: int) -> facts.Facts:
+def sandbox_rank_facts(root: Path, r: int, tree: dict[str, str] | None = None) -> facts.Facts:
     """Sandbox rank r's facts (sandbox_rank_raw, parsed); its memory is the sandbox rank's GB10
     meminfo, what the rank's /proc/meminfo shows, not this host's."""
     import dataclasses
 
     from launcher.sandbox import meminfo
 
-    found = facts.parse_facts(sandbox_rank_raw(root, r))
+    found = facts.parse_facts(sandbox_rank_raw(root, r, tree))
     return dataclasses.replace(found, memory=parse_meminfo(meminfo.meminfo(r)))

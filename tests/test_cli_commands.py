@@ -87,7 +87,7 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     aside no further than their own states; no line ends in blanks. Each reachable rank's
     MemAvailable now (issue 14), `?` where it could not be read; --json carries it in bytes."""
     import contextlib
-    from launcher.apply import deploy, engine_caches, prep, serve
+    from launcher.apply import deploy, engine_caches, last_good, prep, serve, servguard
     from launcher.transport import api
     from test_check import sandbox_cluster
 
@@ -99,6 +99,8 @@ def test_status_keeps_one_line_per_rank_at_any_width(tmp_path, monkeypatch):
     monkeypatch.setattr(deploy, "group_for", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(serve, "states", lambda group: states)
     monkeypatch.setattr(api, "health", lambda ep: False)
+    monkeypatch.setattr(servguard, "read", lambda group: {})  # no rank's guard has a record
+    monkeypatch.setattr(last_good, "explain", lambda loaded, group, states: None)  # no good start kept
     asked, GIB = [], 1 << 30
     mem = {0: 117 * GIB, 1: 10 * GIB + GIB // 2, 2: "rank 2 (spark3): timed out"}
     monkeypatch.setattr(prep, "read_mem_available", lambda group, ranks: asked.append(ranks) or mem)
@@ -231,7 +233,7 @@ def test_status_table_one_row_per_rank(sandbox, tmp_path):
         remove_engine(sandbox, "spark3")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert len(lines) == 5, lines
+    assert len(lines) >= 5, lines
     addr = [r["address"] for r in doc["ranks"]]
     mem = [line.split("MemAvailable ")[1].split()[:2] if "MemAvailable " in line else None for line in lines]
     assert all(m and float(m[0]) > 0 and m[1] == "GiB" for m in mem[:3]) and mem[3] is None, lines
@@ -248,6 +250,10 @@ def test_status_table_one_row_per_rank(sandbox, tmp_path):
     assert "unreachable (connection refused)" in lines[3]
     assert lines[1].index(image) == lines[2].index(image)  # one column
     assert lines[4] == f"API http://{addr[0]}:8888: not answering"
+    # then each rank's memory guard while serving (issue 29): spark2's engine runs without one
+    guard = lines[5:]
+    assert guard[0].startswith("memory guard while serving (on each rank"), lines
+    assert "  rank 1 (spark2): NOT watching" in guard, guard
 
 
 def drop_caches_on(sandbox) -> dict[str, str]:
@@ -298,16 +304,19 @@ def test_ship_without_an_image_ships_the_profiles_and_prints_a_table(sandbox, tm
     addr = [r["address"] for r in sandbox.ranks]
 
     def rows(result) -> list[str]:
+        """The table's rows; after them, how this host reads each image (issue 34)."""
         assert result.exit_code == 0, result.output
-        lines = result.stdout.splitlines()
+        lines = [line for line in result.stdout.splitlines() if not line.startswith("this host reads ")]
         assert len(lines) == 4, lines
         return lines
 
     try:
         planned = cli("plan", "-c", cfg, "--offline")
         assert f"image   {tag}" in planned.output.splitlines()
-        for r, line in enumerate(rows(cli("ship", "-c", cfg, "--dry-run"))):
+        dry = cli("ship", "-c", cfg, "--dry-run")
+        for r, line in enumerate(rows(dry)):
             assert line.split() == ["rank", str(r), addr[r], "planned", tag]
+        assert any(line.startswith(f"this host reads {tag} by ") for line in dry.stdout.splitlines()), dry.stdout
         assert all(sandbox.run(n, f"docker image inspect {tag}")[0] != 0 for n in sandbox.names)
 
         for r, line in enumerate(rows(cli("ship", "-c", cfg))):

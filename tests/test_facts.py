@@ -31,6 +31,7 @@ from launcher.facts.network import parse_default_route, parse_interfaces, parse_
 from launcher.facts.parts import FactError
 from launcher.facts.rdma import Gid, parse_rdma
 from launcher.facts.record import to_jsonable
+from launcher.facts.sample import parse_rank_sample
 
 CASES = sorted((Path(__file__).parent / "facts_cases").glob("*.json"))
 PARSERS = {
@@ -56,6 +57,7 @@ PARSERS = {
     "nvidia_ctk": parse_nvidia_ctk,
     "page_size": parse_page_size,
     "sysfs_root": parse_sysfs_root,
+    "rank_sample": parse_rank_sample,
 }
 
 

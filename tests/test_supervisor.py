@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from launcher.apply import supervisor
+from launcher.apply import exporter, supervisor
 from launcher.inputs import config
 from launcher.transport import api
 from serving import cli
@@ -93,8 +93,9 @@ def test_a_killed_worker_engine_is_brought_back(sandbox, keep_cfg, tmp_path):
     assert sorted(engines(sandbox)) == sorted(sandbox.names)  # SIGTERM left it serving
     keep_status = json.loads(status.stdout)["keep"]
     assert keep_status["restarts"] == 1 and keep_status["last_cause"] == failure
-    metrics = next((tmp_path / "state" / "sparkstack" / "keep").glob("*.prom")).read_text()
-    assert "sparkstack_restarts_total 1\n" in metrics and "sparkstack_serving 1\n" in metrics
+    log = next((tmp_path / "state" / "sparkstack" / "keep").glob("*.jsonl")).read_text().splitlines()
+    assert {k: v for k, v in exporter.supervisor_state(log).items() if k != "last_event_at"} == {
+        "restarts": 1, "serving": 1}  # what `metrics serve` exports as sparkstack_restarts_total, sparkstack_serving
 
 
 def test_a_rank_that_stays_broken_ends_in_giving_up(sandbox, keep_cfg, tmp_path):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import load_progress, memguard, prep, serve, servguard, steady
-from .cluster_lock import ensure_held
+from . import history, last_good, load_progress, memguard, prep, serve, servguard, steady
+from .cluster_lock import LockLost, ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
 from ..gather import cluster, here, ranks
@@ -39,10 +39,20 @@ class UpReport:
     starting: bool = False  # this run has begun (re)starting the serving containers
     seconds: float = 0.0
     memory: list[memguard.RankMemory] = field(default_factory=list)  # the guard's, while loading
+    since: last_good.Since | None = None  # what changed since the last good start, as gathered
+    verify: dict = field(default_factory=dict)  # history.verdict of the verification, once run
+    entry: history.Entry | None = None  # what was recorded in the deploy history
+    plan: planning.Plan | None = None
+    gathered: object = None
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
-                "memory": [m.to_json() for m in self.memory]}
+                "memory": [m.to_json() for m in self.memory], "verify": self.verify,
+                "history_entry": self.entry.id if self.entry else None}
+
+
+class VerifyFailed(SparkstackError):
+    """The engines started and the API answers, but what it serves failed verification."""
 
 
 def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
@@ -51,14 +61,81 @@ def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
 
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
-       say=print) -> UpReport:
+       say=print, verify=None, image: str | None = None, how: str = "up",
+       record: bool = True, report: UpReport | None = None) -> UpReport:
     """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
-    (module docstring)."""
-    report = UpReport()
+    → verify → record (module docstring). `verify(loaded)`: the verification, a result with
+    `.ok` (None: none available, recorded as such); one that fails stops every rank and raises
+    VerifyFailed. `image`: serve this ref, already on every rank (rollback), instead of the
+    profile's (nothing built or shipped). `record`: add the deploy to the history. `report`:
+    filled as it goes (the caller keeps what was planned when it raises)."""
+    report = report or UpReport()
     try:
-        return _up(loaded, group, report, restart, wait_timeout, say)
+        _up(loaded, group, report, restart, wait_timeout, say, image)
+        _verify(loaded, group, report, verify, say)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
+    except SparkstackError as e:
+        if report.since and report.since.changes and not isinstance(e, (Interrupted, LockLost)):
+            e.message = last_good.said(e.message, report.since)  # what changed on a rank, said last
+            e.args, e.since = (e.message,), report.since
+        raise
+    if record:
+        try:
+            _record(loaded, group, report, how)
+        except (SparkstackError, OSError) as e:  # serving all the same: the history is not the cluster
+            say(f"WARN: this deploy was not recorded in the history: {getattr(e, 'message', e)}")
+    return report
+
+
+def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None:
+    """The seam where the served model's verification enters: none given is recorded as not
+    available; a failure leaves nothing serving."""
+    if verify is None:
+        report.verify = history.verdict(None)
+        return
+    say("verifying what the API serves")
+    try:
+        result = verify(loaded)
+    except SparkstackError as e:  # could not verify: not called serving either
+        raise VerifyFailed(f"the verification could not run: {e.message}; {serve.stop_and_say(group)}") from None
+    report.verify = history.verdict(result)
+    if not result.ok:
+        stopped = serve.stop_and_say(group)
+        raise VerifyFailed(f"the API answers but what it serves failed verification: "
+                           f"{report.verify['message'] or report.verify['figures']}; {stopped}. "
+                           "Fix: go back to a deploy that verified (`sparkstack rollback`), or fix the "
+                           "image or profile and run `sparkstack up` again")
+    report.steps.append("verified")
+
+
+def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
+    """A good deploy into the history, unless the last entry is this very deploy (an `up` that
+    found it running as planned, or a restart of it after a boot or by the supervisor, adds
+    nothing: the history is of what changed)."""
+    # nothing started, nothing shipped: the probe's image listing still holds (no round trip)
+    listed = None if report.changed else _images_seen(report.gathered, report.plan.image)
+    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify, listed=listed)
+    path = history.path_for(loaded)
+    entries = history.load(path)
+    last = entries[-1] if entries else None
+    if last is not None and last.outcome == history.SERVING and last.same_deploy(entry):
+        report.entry = last
+        return
+    report.entry = history.add(path, entry)
+
+
+def deployed_entry(loaded: Loaded, group: Group, the_plan: planning.Plan, gathered, how: str,
+                   listed: dict[int, dict[str, str]] | None = None, **kw) -> history.Entry:
+    """A history entry for `the_plan`: the image's ID as each rank has it (`listed`: as this
+    command's probe listed them, else the ranks are asked), the checkpoint's fingerprint as each
+    rank's probe read it."""
+    if listed is None:
+        listed = {t.rank: have or {} for t, have, _why in ranks.image_ids(group, [the_plan.image])}
+    ids = {r: have.get(the_plan.image) for r, have in listed.items()}
+    prints = {r: (f.checkpoint.fingerprint if f and f.checkpoint else None)
+              for r, f in (gathered.facts if gathered else {}).items()}
+    return history.entry_for(loaded.profile.name, the_plan, ids, prints, how=how, config=str(loaded.path), **kw)
 
 
 def _after_interrupt(group: Group, report: UpReport, say) -> str:
@@ -75,15 +152,16 @@ def _after_interrupt(group: Group, report: UpReport, say) -> str:
 
 
 def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
-        say) -> UpReport:
+        say, image: str | None = None) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
-    seen = steady.look(loaded, group)  # ONE probe per rank: serving as planned already?
+    seen = steady.look(loaded, group, image)  # ONE probe per rank: serving as planned already?
     if seen.as_planned and not restart and steady.answers(loaded, say):
         say("already running as planned: nothing to change (--restart forces a new start)")
-        report.steps.append("the API answers")
-        if servguard.start(loaded, group, say=say, watched=seen.watched):
-            report.steps.append("the memory guard watches every rank")
+        gathered = report.gathered = seen.gathered
+        report.plan = seen.plan
+        report.since = last_good.since_gathered(loaded, gathered, set(seen.probed))  # every rank serves
+        _serving(loaded, group, report, gathered, say, seen.watched)
         report.seconds = time.monotonic() - started
         return report
     if seen.why_not and not restart:
@@ -95,13 +173,15 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     report.steps.append("prepared the nodes")
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
-    the_plan, gathered = _preflight(loaded, group, probed=prepared.probed)  # the image row is settled below
+    current = seen.states or serve.states(group)  # prep leaves the containers as the look read them
+    gathered = report.gathered = cluster.gather(loaded, group, image, prepared.probed)
+    report.since = last_good.since_gathered(loaded, gathered, {s.rank for s in current if s.state == "running"})
+    the_plan = report.plan = judged(loaded, gathered)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
     if longer:
         say(longer)
     wait_timeout = the_plan.wait_timeout(wait_timeout)  # a slow checkpoint link waits longer (issue 15)
     report.steps.append("checked every rank")
-    current = serve.states(group)
     if serve.is_current(current, the_plan) and not restart:
         say("already running as planned: nothing to change (--restart forces a new start)")
         _wait(loaded, group, report, wait_timeout, say, None, the_plan.load)
@@ -112,7 +192,8 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         ensure_held()
-        _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
+        if image is None:  # a pinned image (rollback) is on every rank already: checked before
+            _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
         ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
@@ -126,11 +207,31 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
             _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, engine.head_first)
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
-    report.steps.append("the API answers")
-    if servguard.start(loaded, group, say=say):  # the rank's own guard from now on (issue 29)
-        report.steps.append("the memory guard watches every rank")
+    _serving(loaded, group, report, gathered, say, seen.watched)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _serving(loaded: Loaded, group: Group, report: UpReport, gathered, say, watched: bool) -> None:
+    """The API answers: the serving guard on every rank (`watched`: the look saw each one at its
+    container already), and the last good start kept."""
+    report.steps.append("the API answers")
+    if servguard.start(loaded, group, say=say, watched=watched):  # the rank's own guard from now on (issue 29)
+        report.steps.append("the memory guard watches every rank")
+    if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
+        # the image's ID here when it is here: what was shipped to a rank that lacked it
+        last_good.record(loaded, gathered, _serving_memory(group, report), build.local_base_id(gathered.image))
+
+
+def _serving_memory(group: Group, report: UpReport) -> dict[int, int]:
+    """Each rank's MemAvailable now it serves: the guard's last sample, else the probe's when
+    nothing was started (it read the engines serving), else read (guard off)."""
+    seen = {m.rank: m.samples[-1][1] for m in report.memory if m.samples}
+    if not report.changed and report.gathered is not None:
+        seen = {**{r: f.memory.available for r, f in report.gathered.facts.items() if f and f.memory}, **seen}
+    unseen = [c.target.rank for c in group.connections if c.target.rank not in seen]
+    read = prep.read_mem_available(group, unseen) if unseen else {}
+    return {**seen, **{r: v for r, v in read.items() if isinstance(v, int)}}
 
 
 def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan, report: UpReport, say) -> None:
@@ -154,18 +255,16 @@ def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan
 def preflight(loaded: Loaded, group: Group, image: str | None = None) -> planning.Plan:
     """Gather, plan, judge over the open Group: a failed row raises CheckFailed, nothing is
     started (the image row aside: `up` builds and ships after this); else the plan."""
-    return _preflight(loaded, group, image)[0]
+    return judged(loaded, cluster.gather(loaded, group, image))
 
 
-def _preflight(loaded: Loaded, group: Group, image: str | None = None, probed=None):
-    """preflight's plan, and what was gathered for it (from `probed`, the probe answers this
-    command already has, where given)."""
-    gathered = cluster.gather(loaded, group, image, probed)
+def judged(loaded: Loaded, gathered) -> planning.Plan:
+    """The plan from what was gathered, judged: a failed row raises CheckFailed."""
     the_plan, refused = _plan(loaded, gathered)
     refuse(evaluate(gathered, the_plan))  # the plan's own figures judged
     if refused:
         raise refused
-    return the_plan, gathered
+    return the_plan
 
 
 def _images_seen(gathered, image: str) -> dict[int, dict[str, str]] | None:

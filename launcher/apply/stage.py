@@ -87,10 +87,13 @@ class RankResult:
         return dict(self.__dict__)
 
 
-def apply(plan: staging.StagePlan, group: Group, say=print, bwlimit: int = 0) -> list[RankResult]:
+def apply(plan: staging.StagePlan, group: Group, say=print, bwlimit: int = 0,
+          nocache: bool = False) -> list[RankResult]:
     """Phase by phase, every rank of a phase copies what it lacks at once, from model.path or
     from its peer (a server on the peer for the phase); a result per rank (never raises for a
-    rank's failure). A failed phase leaves the later ones undone (a re-run resumes)."""
+    rank's failure). A failed phase leaves the later ones undone (a re-run resumes). `nocache`:
+    each rank's copy drops what it read and wrote from the page cache as it goes (an upgrade's
+    copy next to a serving engine, onrank/stage.py)."""
     results = {r.rank: RankResult(r.rank, r.host, missing=r.to_copy) for r in plan.ranks}
     conns = {c.target.rank: c for c in group.connections}
     for k, ranks in enumerate(plan.phases):
@@ -103,7 +106,7 @@ def apply(plan: staging.StagePlan, group: Group, say=print, bwlimit: int = 0) ->
         with _servers(plan, ranks, conns, results, token) as ports:
             todo = Group([conns[r.rank] for r in ranks if not results[r.rank].error])
             for o in todo.gather(lambda c: _copy_rank(c, plan, _rank(plan, c), results[c.target.rank], say,
-                                                      bwlimit, ports.get(c.target.rank), token)):
+                                                      bwlimit, ports.get(c.target.rank), token, nocache)):
                 if not o.ok:
                     results[o.target.rank].error = o.why()
     return [results[r.rank] for r in plan.ranks]
@@ -154,8 +157,10 @@ def _port(channel, wait_s: float = 20.0) -> int | None:
     return int(rest) if kind == "PORT" and rest.isdigit() else None
 
 
-def copy_args(plan: staging.StagePlan, rank: staging.RankStage, bwlimit: int, peer: list | None = None) -> dict:
+def copy_args(plan: staging.StagePlan, rank: staging.RankStage, bwlimit: int, peer: list | None = None,
+              nocache: bool = False) -> dict:
     return {"mode": "copy", "src": plan.source, "dst": plan.dest, "bwlimit": bwlimit, "peer": peer,
+            **({"nocache": True} if nocache else {}),
             "files": [[f.name, f.size, plan.sha256(f.name), f.mtime] for f in rank.todo]}
 
 
@@ -167,8 +172,9 @@ def copy_invocation(args: dict, token: str | None = None) -> tuple[str, bytes]:
 
 
 def _copy_rank(conn: Connection, plan: staging.StagePlan, rank: staging.RankStage, result: RankResult,
-               say, bwlimit: int, peer: list | None = None, token: str | None = None) -> None:
-    command, stdin = copy_invocation(copy_args(plan, rank, bwlimit, peer), token)
+               say, bwlimit: int, peer: list | None = None, token: str | None = None,
+               nocache: bool = False) -> None:
+    command, stdin = copy_invocation(copy_args(plan, rank, bwlimit, peer, nocache), token)
     progress = Progress(conn.target.name, lambda: rank.to_copy, say)
     cancel = getattr(remote._cancel, "event", None)
     channel = conn.spawn(command, stdin, COPY_LIFETIME_S)

@@ -10,7 +10,10 @@ memory guard's pid, so in one round trip per rank `up` knows whether anything wo
 Then the cache drop and the memory wait are pointless (the engine holds that memory by design)
 and the pings are not needed (the API answering through every rank says more); the caller
 asks the API once more. Anything else takes the full path, which reuses this probe for prep
-and the preflight, and skips the drop when the containers already run as planned.
+and the preflight, and skips the drop when the containers already run as planned. Either way `up` keeps the
+serving guard, the last good start and the history entry from this same probe: the guard is
+started only where the probe did not see it watching the running container, and the image IDs
+the history records are the probe's listing (nothing was shipped).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ..facts import remote as rank_facts
 from ..facts.parts import FactError
 from ..gather import cluster, probe
 from ..gather.probe import RankFacts
+from ..gather.value import Gathered
 from ..inputs.config import Loaded
 from ..plan import cluster_plan as planning
 from ..plan.cluster_plan import CONTAINER_NAME
@@ -40,36 +44,46 @@ class Look:
     current: bool  # every rank's container runs as this probe's plan says
     why_not: str | None  # None: serving as planned, nothing to change (the API aside)
     watched: bool  # every rank's memory guard watches its running container
+    states: list[serve.RankState] | None = None  # each rank's container, as read (None: a rank unread)
+    gathered: Gathered | None = None  # the plan's part of the value, from this probe (cluster.from_probe)
+    plan: planning.Plan | None = None  # the plan from it, when the containers run at all
 
     @property
     def as_planned(self) -> bool:
         return self.why_not is None
 
 
-def look(loaded: Loaded, group: Group) -> Look:
-    """One probe per rank, the serving container read with it; what it says of the cluster."""
+def look(loaded: Loaded, group: Group, image: str | None = None) -> Look:
+    """One probe per rank, the serving container read with it; what it says of the cluster.
+    `image`: the serving image's ref instead of the profile's (rollback)."""
     probed = probe.gather(group, loaded, container=CONTAINER)
     unread = [g.error for g in probed.values() if g.facts is None]
     if unread:
         return Look(probed, False, "; ".join(unread), False)
     states = [serve.probed_state(r, g.host, g.container) for r, g in probed.items()]
-    current, why = _current(loaded, probed, states)
-    why = why or _unsettled(loaded, probed)
-    return Look(probed, current, why, current and _watched(probed))
+    seen = Look(probed, False, None, False, None if any(s.state == "unknown" for s in states) else states)
+    why = _current(loaded, seen, states, image)
+    seen.current = why is None
+    seen.why_not = why or _unsettled(loaded, probed)
+    seen.watched = seen.current and _watched(probed)
+    return seen
 
 
-def _current(loaded: Loaded, probed: dict[int, RankFacts], states: list[serve.RankState]) -> tuple[bool, str | None]:
+def _current(loaded: Loaded, seen: Look, states: list[serve.RankState], image: str | None = None) -> str | None:
+    """Why a rank's container does not run as this probe's plan says (None: every one does);
+    the plan and its value kept in `seen`."""
     not_running = [f"rank {s.rank} ({s.host}): {serve.CONTAINER_NAME} {s.describe()}"
                    for s in states if s.state != "running"]
     if not_running:
-        return False, "; ".join(not_running)
+        return "; ".join(not_running)
+    seen.gathered = cluster.from_probe(loaded, seen.probed, image)
     try:
-        the_plan = planning.build(loaded, cluster.from_probe(loaded, probed))
+        seen.plan = planning.build(loaded, seen.gathered)
     except SparkstackError as e:
-        return False, f"no plan from this probe ({e.message.splitlines()[0]})"
-    if not serve.is_current(states, the_plan):
-        return False, "a rank's container runs another plan than this one"
-    return True, None
+        return f"no plan from this probe ({e.message.splitlines()[0]})"
+    if not serve.is_current(states, seen.plan):
+        return "a rank's container runs another plan than this one"
+    return None
 
 
 def _unsettled(loaded: Loaded, probed: dict[int, RankFacts]) -> str | None:

@@ -9,8 +9,8 @@ cause named -- after `keep.max_restarts_per_hour`, or at once when a rank's memo
 back after the stop (memory_guard.serving.memory_back_s): re-deploying onto a leak would loop.
 Each rank's memory guard (servguard.py) runs on the rank itself; the supervisor logs its events
 and, when the guard stopped an engine, names the rank, the floor and the figures in the cause.
-Every event goes to a JSON-lines log (`status` shows the restarts and the last cause) and a
-Prometheus textfile a node exporter can scrape.
+Every event goes to a JSON-lines log (`status` shows the restarts and the last cause;
+`sparkstack metrics serve` exports them).
 SIGTERM or Ctrl+C while it watches: it stops watching and leaves the cluster serving.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import deploy, liveness, prep, serve, servguard
+from . import deploy, last_good, liveness, prep, serve, servguard
 from .cluster_lock import LockLost, ensure_held
 from ..errors import Interrupted, SparkstackError
 from ..inputs import apikey
@@ -49,13 +49,10 @@ def log_path(loaded: Loaded) -> Path:
 
 @dataclass
 class EventLog:
-    """Events as JSON lines, and the metrics file beside it rewritten after each."""
+    """Events as JSON lines."""
 
     path: Path
-    restarts: int = 0
-    serving: bool = False
     last_cause: str | None = None
-    last_event_at: float = 0.0
 
     def add(self, kind: str, **fields) -> dict:
         now = time.time()
@@ -64,26 +61,8 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(event, sort_keys=True) + "\n")
-        self.restarts += kind == "restart"
-        self.serving = kind == "serving" or (self.serving and kind not in ("failure", "gave up", "up failed"))
         self.last_cause = fields.get("cause", self.last_cause)
-        self.last_event_at = now
-        self._write_metrics()
         return event
-
-    def _write_metrics(self) -> None:
-        text = ("# HELP sparkstack_serving 1 while the supervisor finds the cluster serving\n"
-                "# TYPE sparkstack_serving gauge\n"
-                f"sparkstack_serving {int(self.serving)}\n"
-                "# HELP sparkstack_restarts_total re-deploys by the supervisor since it started\n"
-                "# TYPE sparkstack_restarts_total counter\n"
-                f"sparkstack_restarts_total {self.restarts}\n"
-                "# HELP sparkstack_last_event_timestamp_seconds when the supervisor last logged\n"
-                "# TYPE sparkstack_last_event_timestamp_seconds gauge\n"
-                f"sparkstack_last_event_timestamp_seconds {self.last_event_at:.0f}\n")
-        tmp = self.path.with_suffix(".prom.tmp")
-        tmp.write_text(text)
-        tmp.replace(self.path.with_suffix(".prom"))
 
 
 def summary(path: Path) -> dict | None:
@@ -133,7 +112,7 @@ class Supervisor:
                 self.say("serving; watching every rank and the API "
                          f"(every {self.settings.check_interval_s:g} s){_liveness_note(self.settings.liveness)}")
                 backoff = self.settings.backoff_s
-                cause = self._watch()
+                cause = last_good.said(self._watch(), last_good.explain(self.loaded, self.group))
                 self.log.add("failure", cause=cause)
             except (Interrupted, LockLost):
                 raise

@@ -22,6 +22,9 @@ COMMANDS = {
     "status": "launcher.cli.status:status",
     "logs": "launcher.cli.logs:logs",
     "down": "launcher.cli.down:down",
+    "upgrade": "launcher.cli.upgrade:upgrade",
+    "rollback": "launcher.cli.rollback:rollback",
+    "history": "launcher.cli.history:history",
     "systemd-unit": "launcher.cli.systemd_unit:systemd_unit",
     "plan": "launcher.cli.plan:plan",
     "profiles": "launcher.cli.profiles:profiles",
@@ -30,6 +33,8 @@ COMMANDS = {
     "stage": "launcher.cli.stage:stage",
     "manifest": "launcher.cli.manifest:manifest",
     "bench": "launcher.cli.bench:bench",
+    "metrics": "launcher.cli.metrics:metrics",
+    "top": "launcher.cli.top:top",
     "api-key": "launcher.cli.api_key:api_key",
     "ansible-inventory": "launcher.cli.ansible_inventory:ansible_inventory",
     "registry-prune": "launcher.cli.registry_prune:registry_prune",
@@ -41,7 +46,8 @@ COMMANDS = {
 # after every boot, then day to day, then the sandbox to try it on. A command may be in two.
 SECTIONS = (
     ("First bring-up", ("init", "fetch", "check", "up")),
-    ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "logs", "down",
+    ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "top", "logs", "down",
+                                                   "upgrade", "rollback", "history", "metrics",
                                                    "systemd-unit")),
     ("Day to day", ("plan", "profiles", "build", "ship", "stage", "manifest", "bench", "api-key",
                     "ansible-inventory", "registry-prune", "restore")),

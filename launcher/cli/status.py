@@ -19,9 +19,11 @@ def status(loaded, as_json, trust_new_hosts):
     """Per rank: the serving container's state and uptime, the rank's MemAvailable now, its
     image, and the API on rank 0; each rank's memory guard while serving (watching or not, its
     latest cache drops and engine stops, with the figures); with a supervisor (`up --keep`), its
-    restarts, the last cause it found and its settings (keep: in the config, liveness included)."""
+    restarts, the last cause it found and its settings (keep: in the config, liveness included);
+    what changed on a rank since the last good start (link state, MTU, fabric address, the RoCE v2
+    GID index NCCL picks, driver, image, MemAvailable well below)."""
     from ..transport import api
-    from ..apply import deploy, engine_caches, prep, serve, servguard
+    from ..apply import deploy, engine_caches, last_good, prep, serve, servguard
 
     with deploy.group_for(loaded, trust_new_hosts, lambda line: None) as group:
         states = serve.states(group)
@@ -29,6 +31,7 @@ def status(loaded, as_json, trust_new_hosts):
         mem = prep.read_mem_available(group, reached)
         cache = engine_caches.sizes(loaded, group, reached)
         guards = servguard.read(group) if reached else {}
+        since = last_good.explain(loaded, group, states)
     ep = api.endpoint(loaded)
     from ..apply import supervisor
 
@@ -39,7 +42,8 @@ def status(loaded, as_json, trust_new_hosts):
             "api": {"url": ep.url, "healthy": api.health(ep)},
             "keep": supervisor.summary(supervisor.log_path(loaded)),
             "keep_settings": loaded.cluster.keep.model_dump(),
-            "memory_guard": [g.to_json() for _r, g in sorted(guards.items())]}
+            "memory_guard": [g.to_json() for _r, g in sorted(guards.items())],
+            "since_last_good_start": since.to_json() if since else None}
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
@@ -52,6 +56,8 @@ def status(loaded, as_json, trust_new_hosts):
                       + (f"; last cause at {k['last_cause_at']}: {k['last_cause']}" if k["last_cause"] else ""),
                       markup=False)
             out.print(f"  settings: {loaded.cluster.keep.describe()}", markup=False)
+        if since and since.changes:
+            out.print(since.block(), markup=False)
     if all(s.state == "unreachable" for s in states):
         raise SparkstackError(f"no rank answered (all {len(states)} unreachable): nothing is known of the "
                               "cluster; check the ranks are up and reachable over SSH (`sparkstack check`)")

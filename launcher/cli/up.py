@@ -32,23 +32,33 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     engine runs, with or without this host: it drops caches below memory_guard.serving's soft
     floor and stops that rank's engine below its hard floor (`status`, `logs --guard`).
     A failed check starts nothing. If any rank fails to start, every rank is stopped and each
-    failed rank is shown with its exit code and last log lines. A cluster already running as
-    planned is left alone: `up` then changes nothing (use --restart to force).
+    failed rank is shown with its exit code and last log lines. A failure also says what changed
+    on a rank since the last good start (link, MTU, address, GID index, driver, image,
+    MemAvailable: kept on this host each time `up` gets the cluster serving; --json: on stdout
+    too). A cluster already running as planned is left alone: `up` then changes nothing (use
+    --restart to force).
     Ctrl+C, SIGTERM or SIGHUP: the containers this run started are stopped (exit 130); a
     second one exits without waiting for that.
     --keep: after that, watch every rank's container and the API (keep.check_interval_s); on a
     failure, re-deploy on every rank after a backoff (keep.backoff_s, doubling), and give up with
     every rank stopped after keep.max_restarts_per_hour, or when a rank's memory does not come
-    back (memory_guard.serving.memory_back_s). Events go to a log `status` reads, and
-    a Prometheus textfile beside it. Ctrl+C/SIGTERM while watching leaves the cluster serving.
+    back (memory_guard.serving.memory_back_s). Events go to a log `status` reads (each failure's
+    cause with what changed since the last good start); `sparkstack metrics serve` exports them.
+    Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
     from ..apply import cluster_lock, deploy
+    from ..errors import SparkstackError
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if keep:
         return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say)
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
-        report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
+        try:
+            report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
+        except SparkstackError as e:
+            if as_json and getattr(e, "since", None):  # what changed since the last good start, for scripts
+                click.echo(json.dumps({"error": e.message, "since_last_good_start": e.since.to_json()}, indent=2))
+            raise
     from ..transport import api
 
     ep = api.endpoint(loaded)
@@ -66,7 +76,7 @@ def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say) -> None:
     from ..apply import cluster_lock, deploy, supervisor
 
     log = supervisor.EventLog(supervisor.log_path(loaded))
-    say(f"supervising {loaded.profile.name}: events in {log.path}, metrics in {log.path.with_suffix('.prom')}")
+    say(f"supervising {loaded.profile.name}: events in {log.path} (`sparkstack metrics serve` exports them)")
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         supervisor.Supervisor(loaded, group, log, wait_timeout, say).run()
 

@@ -9,7 +9,8 @@
   record: the `Facts` record assembled from those parts and checked against its declared types,
   and the probe's invocation.
 - Derived from a rank's Facts: fabric (its NCCL/UCX/GLOO pins and RoCE v2 GID), cabling (init's
-  cabling from neighbour MACs), load_path (where a rank reads the checkpoint from).
+  cabling from neighbour MACs), load_path (where a rank reads the checkpoint from), start_facts
+  (what a later failure is compared with: the facts of a start, check/since_start.py compares them).
 - The checkpoint's shape and weight split from `config.json` and the safetensors headers
   (checkpoint, safetensors_header); which of its files a rank hashes, the command and its parser
   (checkpoint_hashes); image references split into their parts (image_ref); the

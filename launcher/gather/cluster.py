@@ -53,10 +53,10 @@ def gather(loaded: Loaded, group, image: str | None = None,
     return found
 
 
-def from_probe(loaded: Loaded, probed: dict[int, probe.RankFacts]) -> Gathered:
+def from_probe(loaded: Loaded, probed: dict[int, probe.RankFacts], image: str | None = None) -> Gathered:
     """The plan's part of the value from the probe answers alone (no pings, no staged listing):
-    what `up` compares a serving cluster's containers with."""
-    found = this_host(loaded)
+    what `up` compares a serving cluster's containers with. `image`: as `gather`'s."""
+    found = this_host(loaded, image)
     found.ranks = dict(probed)
     return found
 

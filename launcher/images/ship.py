@@ -122,15 +122,17 @@ def docker_hint(why: str, name: str) -> str:
     return why if why.startswith(name) else f"{name}: {why}"
 
 
-def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None) -> ShipPlan:
+def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None, bwlimit: int = 0) -> ShipPlan:
     """Move what the plan says; every rank independently, results kept per rank. With `relay`
     (rank 0's address the other ranks reach, and theirs), every rank pulls from a cache on rank 0
-    and this host's uplink carries each blob once (launcher/images/relay.py)."""
+    and this host's uplink carries each blob once (launcher/images/relay.py). `bwlimit` (bytes/s
+    per rank, 0: none) caps each rank's `docker load` stream (an upgrade's, next to a serving
+    engine); the relay's pulls are not capped."""
     if not plan.needed:
         return plan
     todo = [r for r in plan.ranks if r.status == Status.PLANNED]
     if relay is None:
-        _apply_loads(plan, group, todo, say)
+        _apply_loads(plan, group, todo, say, bwlimit)
     else:
         _apply_registry(plan, group, todo, say, relay)
     return plan
@@ -176,7 +178,7 @@ def plan_layers(plan: ShipPlan, group: Group, engine: "LocalDocker | None" = Non
     return plan
 
 
-def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> None:
+def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimit: int = 0) -> None:
     """Each rank's `docker load` gets only the layers it lacks, every rank at once: from this
     host's spool, a layer as soon as this host's save has passed it (or once the registry gave
     it back: source `push`); a rank that lacks every layer of an image gets the save stream
@@ -215,7 +217,8 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
     todo = [r for r in todo if r.status == Status.PLANNED]
 
     def ship_one(conn: Connection, rank: RankShip) -> None:
-        _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], plan.haves[rank.rank][ref]) for ref in rank.images], say)
+        _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], plan.haves[rank.rank][ref]) for ref in rank.images], say,
+                   bwlimit)
 
     _each_rank(todo, by_rank, ship_one, say)
     for ref, spooling in saves.items():
@@ -225,7 +228,8 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say) -> Non
             say(f"{ref}: {e.message}")
 
 
-def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], loads: list[tuple], say) -> None:
+def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], loads: list[tuple], say,
+               bwlimit: int = 0) -> None:
     """`loads`: per image (ref, its spool, how many of its lowest layers the rank has)."""
     from . import spool
 
@@ -237,7 +241,7 @@ def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], load
                  for _, spooling, have, feed in streams]
         return None if None in sizes else sum(sizes)
 
-    progress = Progress(conn.target.name, missing, say)
+    progress = Progress(conn.target.name, missing, say, bwlimit)
     try:
         for ref, spooling, have, feed in streams:
             failed: list[Exception] = []
@@ -285,8 +289,8 @@ class Progress:
     """One rank's bytes moved of its bytes missing (`total()`: None while this host's save has not
     yet passed every layer the rank lacks); a line through `say` at most every PROGRESS_S."""
 
-    def __init__(self, name: str, total, say):
-        self.name, self.total, self.say = name, total, say
+    def __init__(self, name: str, total, say, bwlimit: int = 0):
+        self.name, self.total, self.say, self.bwlimit = name, total, say, bwlimit
         self.moved = 0
         self.started = self.last = time.monotonic()
 
@@ -295,6 +299,10 @@ class Progress:
             yield chunk
             self.moved += len(chunk)
             now = time.monotonic()
+            ahead = self.moved / self.bwlimit - (now - self.started) if self.bwlimit else 0
+            if ahead > 0:  # over the cap: wait until this rank's average is back under it
+                time.sleep(ahead)
+                now = time.monotonic()
             if now - self.last >= PROGRESS_S:
                 self.last = now
                 self.say(self.line(now))

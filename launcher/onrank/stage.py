@@ -2,7 +2,8 @@
 
     python3 - '{"mode": "list", "src": "<model.path>", "dst": "<model.local_path>"}'
     python3 -c LOADER '{"mode": "copy", "src": ..., "dst": ..., "files": [[name, size, sha256 or null, mtime]],
-                        "bwlimit": <bytes/s, 0: none>, "peer": null or [address, port]}'
+                        "bwlimit": <bytes/s, 0: none>, "peer": null or [address, port],
+                        "nocache": <true: keep the copy out of the page cache>}'
     python3 -c LOADER '{"mode": "serve", "dir": "<model.local_path>", "bind": "<fabric address>",
                         "names": [...]}'
     (both run with onrank.invocation_keeping_stdin: after the script, stdin carries the phase's
@@ -116,9 +117,29 @@ def listing(src, dst):
     return out
 
 
+DROP_EVERY = 64 << 20  # nocache: written bytes flushed and dropped from the page cache this often
+
+
+def drop_cache(f, sync=False):
+    """Tell the kernel this file's cached pages are not needed (POSIX_FADV_DONTNEED); written
+    pages must reach the disk first (fdatasync), or they stay dirty and cached. A socket (a
+    peer's copy) or a system without fadvise: nothing to do."""
+    try:
+        fd = f.fileno()
+        if sync:
+            os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 class Copier:
-    def __init__(self, bwlimit):
+    """nocache: keep this copy out of the page cache (on a GB10 the cache is the GPU's memory:
+    an upgrade's copy next to a serving engine must not fill it, issue 29)."""
+
+    def __init__(self, bwlimit, nocache=False):
         self.bwlimit = bwlimit
+        self.nocache = nocache
         self.copied = 0
         self.started = self.last = time.monotonic()
 
@@ -155,6 +176,7 @@ class Copier:
             with open_source(src, name, have, peer, token, size) as fin:
                 fout.truncate(have)
                 fout.seek(have)
+                unsynced = 0
                 while True:
                     block = fin.read(CHUNK)
                     if not block:
@@ -163,8 +185,17 @@ class Copier:
                     if h:
                         h.update(block)
                     self.tick(len(block))
+                    unsynced += len(block)
+                    if self.nocache and unsynced >= DROP_EVERY:
+                        fout.flush()
+                        drop_cache(fout, sync=True)
+                        drop_cache(fin)
+                        unsynced = 0
                 fout.flush()
                 os.fsync(fout.fileno())
+                if self.nocache:
+                    drop_cache(fout)
+                    drop_cache(fin)
                 got = fout.tell()
             if got != size:
                 return "%d bytes copied, %d expected: the source changed while copying? re-run" % (got, size)
@@ -364,7 +395,7 @@ def copy(args):
     except OSError as e:
         say("E %s cannot create the directory: %s" % (dst, why(e)))
         return 1
-    copier = Copier(args.get("bwlimit") or 0)
+    copier = Copier(args.get("bwlimit") or 0, bool(args.get("nocache")))
     failed = 0
     peer = args.get("peer")
     token = stdin_token() if peer else None

@@ -72,7 +72,7 @@ from pathlib import Path
 import yaml
 
 from . import debian_image, fabric_fixture as fabric, links
-from . import gid_standin, nfs_link
+from . import gid_standin, nfs_link, roce_standin
 from ..onrank import probe as probe_script
 from . import meminfo as meminfo_mod
 from . import model_fixture as ckpt
@@ -263,7 +263,7 @@ def prepare_state(state_dir: Path, net: ipaddress.IPv4Network, n: int, cabling: 
             auth.write_text(authorized)
         kind, blob = host_pub.split()[:2]
         known.append(f"{rank_address(i, net)},{name} {kind} {blob}")
-        fabric.write_tree(rdir / "sysfs", _sysfs(state_dir, i, n, topology=cabling))
+        _rewrite_sysfs(rdir / "sysfs", _sysfs(state_dir, i, n, topology=cabling))
         # bare: the rank's own `ip addr` (its veths, addressed by `init`) is the truth
         _write_in_place(rdir / "ip-addr.json",
                         "[]\n" if links.bare() else json.dumps(fabric.ip_addr_json(i, n, cabling), indent=2) + "\n")
@@ -659,6 +659,7 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
             _mount_fixture(c, net)
     for c in containers.values():
         _declare_hardware(c)
+        _start_roce_counters(c)
     if laid:
         what = "ring link(s)" if cabling == "ring" else "switch cable(s) of rank(s)"
         progress(f"fabric: laid {what} {', '.join(map(str, laid))} (veth, MTU {links._end_mtu()})")
@@ -684,6 +685,21 @@ def cut_cable(link: int, state_dir: Path | None = None, n: int = DEFAULT_RANKS) 
         _rewrite_sysfs(paths(state_dir)["ranks"] / rank_names(n)[end.rank] / "sysfs",
                        _sysfs(state_dir, end.rank, n, unplugged=frozenset({port})))
     return cable
+
+
+def reset_nic(rank: int, netdev: str, mtu: int = 1500, gid_moved: bool = True,
+              state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> None:
+    """A NIC firmware reset on rank index `rank` (a test's fault): `netdev`'s MTU back at `mtu` on
+    its cable's end and in the rank's sysfs fixture, and with `gid_moved` the rank's GID tables as
+    after a global IPv6 address came or went (its IPv4 RoCE v2 entries two further down or up, as
+    seen in the field). `mend_cables` puts it back."""
+    state_dir = Path(state_dir) if state_dir else state_dir_default()
+    name = rank_names(n)[rank]
+    links.set_mtu(_pid(connect().containers.get(container_name(name))), netdev, mtu)
+    moved = (rank not in fabric.EXTRA_IPV6) if gid_moved else None  # the extra IPv6 entries come or go
+    _rewrite_sysfs(paths(state_dir)["ranks"] / name / "sysfs",
+                   _sysfs(state_dir, rank, n, topology=current_topology(state_dir), mtu={netdev: mtu},
+                          extra_ipv6=moved))
 
 
 def mend_cables(state_dir: Path | None = None, n: int = DEFAULT_RANKS) -> list[int]:
@@ -837,5 +853,12 @@ def _mount_fixture(container, net) -> None:
 
 
 def _rewrite_sysfs(root: Path, files: dict[str, str]) -> None:
-    """The fixture tree anew; in the bare sandbox the GID stand-in re-adds what addresses make."""
-    fabric.write_tree(root, files)
+    """The fixture tree anew; in the bare sandbox the GID stand-in re-adds what addresses make.
+    Its port counters are the RoCE counter stand-in's (roce_standin.py)."""
+    fabric.write_tree(root, files, fabric.counter_links(roce_standin.STATE_DIR))
+
+
+def _start_roce_counters(container) -> None:
+    """The rank's RoCE counter stand-in, unless it runs already."""
+    if container.exec_run(["pgrep", "-f", "sandbox-roce-standin"]).exit_code != 0:
+        container.exec_run(roce_standin.command(SYSFS_ROOT), detach=True)

@@ -118,12 +118,14 @@ def _ula(rank: int, port: int) -> str:
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
-def _gid_table(rank: int, netdev: str, macaddr: str, ip: str | None, port: int):
-    """List of (gid, type, ndev) as the kernel fills a RoCE port's table."""
+def _gid_table(rank: int, netdev: str, macaddr: str, ip: str | None, port: int,
+               extra_ipv6: bool | None = None):
+    """List of (gid, type, ndev) as the kernel fills a RoCE port's table; `extra_ipv6` (None: as
+    EXTRA_IPV6 says) puts a global IPv6 address's entries before the IPv4-mapped ones."""
     ll = _eui64_fe80(macaddr)
     table = [(ll, "IB/RoCE v1", netdev), (ll, "RoCE v2", netdev)]
     if ip is not None:
-        if rank in EXTRA_IPV6:
+        if rank in EXTRA_IPV6 if extra_ipv6 is None else extra_ipv6:
             ula = _ula(rank, port)
             table += [(ula, "IB/RoCE v1", netdev), (ula, "RoCE v2", netdev)]
         m = _ipv4_mapped(ip)
@@ -144,11 +146,14 @@ def _netdev_files(prefix: str, macaddr: str, mtu: int, speed: int, up: bool, ifi
 
 
 def sysfs_tree(rank: int, n: int = N_RANKS, unplugged: frozenset[int] = frozenset(),
-               topology: str = "ring", addressed: bool = True) -> dict[str, str]:
+               topology: str = "ring", addressed: bool = True, mtu: dict[str, int] | None = None,
+               extra_ipv6: bool | None = None) -> dict[str, str]:
     """All fixture files of one rank: relative path under the sysfs root -> content. A QSFP port
     in `unplugged` has lost its cable: both its twins read down (operstate, carrier, RoCE port
     state), as the kernel shows it; addresses and GIDs stay. Not `addressed` (the bare sandbox):
-    link-local GIDs only, as on a Spark before its ports get addresses."""
+    link-local GIDs only, as on a Spark before its ports get addresses. `mtu`: netdev -> its MTU
+    where it is not MTU (a NIC firmware reset puts 1500 back); `extra_ipv6`: a global IPv6
+    address on the addressed ports or not (None: EXTRA_IPV6 says), which moves the IPv4 GIDs."""
     if not 0 <= rank < n:
         raise ValueError(f"rank index {rank} out of range 0..{n - 1}")
     files: dict[str, str] = {}
@@ -158,15 +163,16 @@ def sysfs_tree(rank: int, n: int = N_RANKS, unplugged: frozenset[int] = frozense
         primary_twin = not hca.startswith("roceP2")
         ip = port_ip(rank, port, n, topology) if primary_twin and addressed else None
         ifindex = 3 + idx
-        files.update(_netdev_files(f"class/net/{netdev}", macaddr, MTU, SPEED, up, ifindex))
-        files.update(_netdev_files(f"class/infiniband/{hca}/device/net/{netdev}", macaddr, MTU,
+        port_mtu = (mtu or {}).get(netdev, MTU)
+        files.update(_netdev_files(f"class/net/{netdev}", macaddr, port_mtu, SPEED, up, ifindex))
+        files.update(_netdev_files(f"class/infiniband/{hca}/device/net/{netdev}", macaddr, port_mtu,
                                    SPEED, up, ifindex))
         p = f"class/infiniband/{hca}/ports/1"
         files[f"{p}/state"] = ("4: ACTIVE" if up else "1: DOWN") + "\n"
         files[f"{p}/phys_state"] = ("5: LinkUp" if up else "3: Disabled") + "\n"
         files[f"{p}/link_layer"] = "Ethernet\n"
         files[f"{p}/rate"] = "200 Gb/sec (4X HDR)\n"
-        table = _gid_table(rank, netdev, macaddr, ip, port)
+        table = _gid_table(rank, netdev, macaddr, ip, port, extra_ipv6)
         for i in range(GID_TABLE_LEN):
             if i < len(table):
                 gid, typ, ndev = table[i]
@@ -242,14 +248,30 @@ def ip_addr_json(rank: int, n: int = N_RANKS, topology: str = "ring") -> list[di
     return out
 
 
-def write_tree(root: str | os.PathLike, files: dict[str, str]) -> None:
-    """Write a fixture tree; removes files under ``root`` that the tree does not name."""
+def counter_links(state_dir: str, n_hcas: int = len(HCAS)) -> dict[str, str]:
+    """Each HCA's port counters as links into the rank's RoCE counter stand-in
+    (roce_standin.py), which keeps them moving with the veth's traffic: relative path -> target."""
+    return {f"class/infiniband/{hca}/ports/1/{folder}": f"{state_dir}/{hca}/{folder}"
+            for hca, *_ in HCAS[:n_hcas] for folder in ("counters", "hw_counters")}
+
+
+def write_tree(root: str | os.PathLike, files: dict[str, str], links: dict[str, str] | None = None) -> None:
+    """Write a fixture tree (and `links`: relative path -> symlink target, which may exist only
+    inside the rank); removes files under ``root`` that the tree does not name."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     wanted = {root / rel for rel in files}
     for path in sorted(root.rglob("*"), reverse=True):
-        if path.is_file() and path not in wanted:
+        if path.is_file() and not path.is_symlink() and path not in wanted:
             path.unlink()
+    for rel, target in (links or {}).items():
+        path = root / rel
+        if path.is_symlink() and os.readlink(path) == target:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            path.unlink()
+        path.symlink_to(target)
     for rel, content in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -225,6 +225,12 @@ def _wire_switch(pids: dict[int, int], n: int) -> list[int]:
     return laid
 
 
+def set_mtu(pid: int, netdev: str, mtu: int) -> None:
+    """One end's MTU (a test's fault: a NIC reset puts 1500 back); `wire` re-lays a fabric end
+    whose MTU is not the fabric's."""
+    _ip(pid, "link", "set", "dev", netdev, "mtu", str(mtu))
+
+
 def cut(pid: int, netdev: str) -> None:
     """Pull one cable out (a test's fault): deleting one end removes the pair."""
     _ip(pid, "link", "del", netdev)
