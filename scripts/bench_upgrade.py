@@ -5,8 +5,8 @@ From the sandbox's profile serving, `sparkstack upgrade` to the same chain plus 
 stage (a new image: built here and shipped while the old deploy serves), then `rollback`. Two
 figures for the swap: the kit's own (old API stopped -> new API up and verified, as `upgrade`
 prints it) and one measured from outside, by a client polling the API's /health every 0.1 s
-(the longest gap between two answers). The verification is not yet wired into `upgrade` (it says
-"not available"): with it, its quick form's seconds add to the downtime.
+(the longest gap between two answers). The downtime includes the quick verification of the new
+deploy (its own seconds printed beside, from the history entry's figures).
 
 Usage: .venv/bin/python scripts/bench_upgrade.py   (brings the sandbox up if needed; uses a
 deploy history of its own, leaves nothing serving and the variant's image off the ranks)
@@ -79,10 +79,13 @@ def main() -> None:
         time.sleep(1)
         poller.stop.set()
         report = json.loads(out)["upgrade"]
+        verified = json.loads(run("history", "-c", config, "--json")[1])["entries"][-1]["verify"]
+        seconds = verified.get("figures", {}).get("seconds")
         print(f"upgrade sandbox -> sandbox-keys3: {wall:.1f} s in all; prepared while serving "
-              f"{report['prepared_s']:.1f} s; downtime (old API stopped -> new API up, verify not "
-              f"available) {report['downtime_s']:.1f} s; longest gap a client polling /health saw "
-              f"{poller.longest:.1f} s")
+              f"{report['prepared_s']:.1f} s; downtime (old API stopped -> new API up and verified) "
+              f"{report['downtime_s']:.1f} s, of which the quick verification "
+              f"({verified['status']}) {seconds if seconds is not None else '-'} s; longest gap a "
+              f"client polling /health saw {poller.longest:.1f} s")
         wall, _ = run("rollback", "-c", good)
         print(f"rollback by hand to the sandbox profile: {wall:.1f} s")
     finally:

@@ -104,6 +104,8 @@ def old_cases(planned: list[dict]) -> list[dict]:
              argv=strip_multinode(k200["argv"]) + ["--distributed-executor-backend", "ray"]),
         dict(k200, name="quant-only-in-sidecar", kind="old", registers=[],
              checkpoint="sidecar"),
+        dict(keys, name="old-two-heads-at-tp4", kind="old", registers=everything,
+             checkpoint="two-heads"),  # the sandbox checkpoint had 2 heads, its profile TP4
     ]
 
 
@@ -120,8 +122,9 @@ def strip_multinode(argv: list[str]) -> list[str]:
 
 
 def checkpoints(tmp: Path) -> dict[str, Path]:
-    """The config-only checkpoint, and the same with its quant method only in a
-    quantization_config.json beside config.json (as seed 000's converter wrote it)."""
+    """The config-only checkpoint, the same with its quant method only in a
+    quantization_config.json beside config.json (as seed 000's converter wrote it), and the same
+    with 2 attention heads (as the sandbox checkpoint had)."""
     plain = tmp / "GLM-5.3"
     shutil.copytree(CHECKPOINT, plain)
     sidecar = tmp / "GLM-5.3-sidecar"
@@ -130,7 +133,12 @@ def checkpoints(tmp: Path) -> dict[str, Path]:
     quant = cfg.pop("quantization_config")
     (sidecar / "config.json").write_text(json.dumps(cfg, indent=1))
     (sidecar / "quantization_config.json").write_text(json.dumps(quant))
-    return {"plain": plain, "sidecar": sidecar}
+    two_heads = tmp / "GLM-5.3-two-heads"
+    shutil.copytree(CHECKPOINT, two_heads)
+    cfg = json.loads((two_heads / "config.json").read_text())
+    cfg.update(num_attention_heads=2, num_key_value_heads=2)
+    (two_heads / "config.json").write_text(json.dumps(cfg, indent=1))
+    return {"plain": plain, "sidecar": sidecar, "two-heads": two_heads}
 
 
 def driver_stub(tmp: Path) -> Path:

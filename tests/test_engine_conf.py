@@ -202,3 +202,18 @@ def test_a_fusion_pass_under_breakable_cuda_graphs_gets_a_note(write_config):
     path = write_config(lambda d: d.update(profile="keys35-200k")
                         or d["overrides"].setdefault("env", {}).update(VLLM_USE_BREAKABLE_CUDAGRAPH="0"))
     assert not any("fuse_allreduce_rms" in n for n in json.loads(plan(path, "--json").output)["notes"])
+
+
+def test_heads_tensor_parallelism_does_not_divide_are_refused_in_the_plan(write_config):
+    """vLLM 0.33 refuses TP4 on a checkpoint with 2 attention heads (seen running it: "Total number
+    of attention heads (2) must be divisible by tensor parallel size (4)."); the plan says so first."""
+    loaded = loaded_with(write_config, "keys-1m-dcp4")
+    two = ModelLimits.from_config({"num_attention_heads": 2, "max_position_embeddings": 202752})
+    assert two.attention_heads == 2
+    with pytest.raises(PlanRefused) as e:
+        engine_conf.refuse_heads(loaded, two, 4)
+    assert ("Total number of attention heads (2) must be divisible by tensor parallel size (4)." in str(e.value)
+            and "profile keys-1m-dcp4" in str(e.value))
+    engine_conf.refuse_heads(loaded, ModelLimits.from_config({"num_attention_heads": 64}), 4)  # GLM-5: 64
+    engine_conf.refuse_heads(loaded, GLM, 4)  # heads not known: not judged
+    engine_conf.refuse_heads(loaded, two, 1)

@@ -41,12 +41,15 @@ def recorded(path: Path) -> dict:
 
 def checkpoint(where: str, tmp_path: Path) -> Path:
     """The recorded checkpoint (config.json only), or the same with its quantization only in a
-    quantization_config.json beside it (the script's "sidecar")."""
+    quantization_config.json beside it (the script's "sidecar"), or with 2 attention heads
+    ("two-heads")."""
     folder = tmp_path / where
     folder.mkdir()
     cfg = json.loads((FIXTURES / "checkpoint" / "config.json").read_text())
     if where == "sidecar":
         (folder / "quantization_config.json").write_text(json.dumps(cfg.pop("quantization_config")))
+    if where == "two-heads":
+        cfg.update(num_attention_heads=2, num_key_value_heads=2)
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}')
     return folder

@@ -98,7 +98,10 @@ def wait_for(test, what: str, limit_s: float = 300, process: subprocess.Popen | 
 
 
 def start_keep(cfg) -> subprocess.Popen:
-    return subprocess.Popen([str(SPARKSTACK), "up", "--keep", "-c", cfg], stdout=subprocess.PIPE,
+    """`up --keep --no-verify`: verification's own prefills (2,048-token prompts, 2 GiB each at
+    this test's 1 MiB a token) would raise the engine's prefill high-water mark before the squeeze,
+    and the figures below are sized from an engine that has served no long prompt yet."""
+    return subprocess.Popen([str(SPARKSTACK), "up", "--keep", "--no-verify", "-c", cfg], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -258,3 +261,16 @@ def test_a_ranks_record_read_back_names_the_stop_of_the_container_there_now():
     assert servguard.describe(now) == ("the memory guard stopped its engine at 01:01:00 UTC: MemAvailable 2.1 GiB, "
                                        "MemFree 2.0 GiB, under the hard floor of 3 GiB")
     assert servguard.parse(0, "rank 0 (spark1)", "watching\ncontainer old\n" + json.dumps(now)).stopped_engine() is None
+
+
+def test_a_guard_counts_as_watching_only_for_the_container_there_now():
+    """`status` said "watching" for any live pid in the pid file: a guard that had not yet seen
+    its container go (it looks every CHECK_S) hid a new engine's missing guard. Watching is a
+    live memwatch whose command line names the container there now."""
+    from launcher.apply import servguard
+
+    cmd = 'watching python3 memwatch.py {"container_id": "%s", "soft_free": 1} '
+    assert servguard.parse(1, "rank 1 (spark2)", cmd % "new" + "\ncontainer new\n").watching
+    assert not servguard.parse(1, "rank 1 (spark2)", cmd % "old" + "\ncontainer new\n").watching
+    assert not servguard.parse(1, "rank 1 (spark2)", "watching sleep 600 \ncontainer new\n").watching
+    assert not servguard.parse(1, "rank 1 (spark2)", "idle\ncontainer new\n").watching

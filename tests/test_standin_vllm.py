@@ -811,3 +811,33 @@ def test_the_engine_row_asks_the_stand_in_without_starting_it(tmp_path):
     assert "quantization=exl3" in done.stdout and not (tmp_path / "log" / "record.json").exists()
     bad = ask_engine(tmp_path, ["--max-num-seqs", "eight"], site, GLM5)
     assert bad.returncode == 2 and "invalid int value: 'eight'" in bad.stdout
+
+
+HEADS = "ValueError: Total number of attention heads (2) must be divisible by tensor parallel size (4)."
+
+
+def test_attention_heads_must_divide_by_the_tensor_parallel_size(tmp_path):
+    """vLLM 0.33's verify_with_parallel_config, as it refused the sandbox checkpoint of 2 heads at TP4:
+    at the stand-in's start and in check's engine row alike."""
+    site = image_site(tmp_path, registers=EXL3)
+    cfg = {**GLM5, "num_attention_heads": 2}
+    out = run_once(tmp_path, ["--tensor-parallel-size", "4"], {"PYTHONPATH": str(site)}, config=cfg)
+    assert out.returncode == 1 and HEADS in out.stderr, out.stderr
+    done = ask_engine(tmp_path, ["--tensor-parallel-size", "4"], site, cfg)
+    status, _, message = done.stdout.strip().splitlines()[-1].partition(" ")[2].partition(" ")
+    assert status == "FAIL" and json.loads(message) == HEADS, done.stdout + done.stderr
+    assert ask_engine(tmp_path, ["--tensor-parallel-size", "2"], site, cfg).stdout.strip().splitlines()[
+        -1].startswith("ENGINECONF OK ")
+
+
+
+def test_the_sandbox_checkpoint_passes_the_sandbox_profiles_engine_configuration(tmp_path):
+    """The checkpoint `sandbox up` writes, under the sandbox profile's own flags, on an image that
+    registers what the profile needs: vLLM's configuration accepts it (heads divide by its TP)."""
+    from launcher.sandbox import model_fixture
+
+    profile = load_profile("sandbox")
+    argv = [tok for arg in profile.args for tok in shlex.split(arg)]
+    site = image_site(tmp_path, registers=tuple(profile.needs))
+    done = ask_engine(tmp_path, argv, site, model_fixture.CONFIG)
+    assert done.stdout.strip().splitlines()[-1].startswith("ENGINECONF OK "), done.stdout + done.stderr

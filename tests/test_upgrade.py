@@ -1,9 +1,10 @@
 """`upgrade`, `rollback` and `history` on the sandbox (issue 30): an upgrade whose new start fails,
-or whose verification fails, rolls back by itself and the old deploy serves again; a good one
-serves, with its downtime printed; `rollback` by hand goes back, and refuses, naming the rank,
-when a rank no longer has the entry's image. Each test starts from the sandbox's own profile
-served, with a deploy history of its own, and ends with nothing serving and the images it
-shipped removed from the ranks."""
+or whose verification fails (the sandbox chain's variant whose overlay emits noise), rolls back by
+itself and the old deploy serves again, verified; a good one serves, verified, with its downtime
+printed; `rollback` by hand goes back, and refuses, naming the rank, when a rank no longer has
+the entry's image. Each test starts from the sandbox's own profile served (and verified), with a
+deploy history of its own, and ends with nothing serving and the images it shipped removed from
+the ranks."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def hashes(entry: dict) -> dict[int, str]:
 def test_an_upgrade_whose_start_fails_rolls_back_by_itself(sandbox, base, tmp_path):
     first = entries(base)
     assert [(e["id"], e["how"], e["outcome"]) for e in first] == [(1, "up", "serving")]
-    assert first[0]["verify"] == {"status": "not available"}
+    assert first[0]["verify"]["status"] == "passed"  # `up`'s quick verification, its figures kept
+    assert set(first[0]["verify"]["figures"]["perplexity"]) == {"prose", "code"}
     assert len({r["image_id"] for r in first[0]["ranks"]}) == 1 and first[0]["ranks"][0]["image_id"]
     assert all(r["checkpoint"] for r in first[0]["ranks"])
     broken = variant_config(sandbox, tmp_path, env={"SANDBOX_VLLM_FAIL": "exit:3"})
@@ -80,7 +82,7 @@ def test_an_upgrade_whose_start_fails_rolls_back_by_itself(sandbox, base, tmp_pa
     assert "error: the upgrade to sandbox failed (history entry 2):" in result.output
     assert "exited with code 3" in result.output
     assert re.search(r"rolled back by itself: entry 1 \(sandbox, \S+\) serves again as entry 3 "
-                     r"\(verify: not available\); downtime \d+\.\d s", result.output), result.output
+                     r"\(verify: passed\); downtime \d+\.\d s", result.output), result.output
     assert set(states(base).values()) == {"running"}
     assert running(base) == hashes(first[0])  # the old deploy, exactly
     shown = entries(base)
@@ -92,14 +94,28 @@ def test_an_upgrade_whose_start_fails_rolls_back_by_itself(sandbox, base, tmp_pa
     assert listed.exit_code == 0 and " 2  " in listed.output and "upgrade  failed" in listed.output
 
 
+def noise_config(sandbox, tmp_path) -> str:
+    """The sandbox's config with its patches_dir holding the chain variant whose EXL3 overlay
+    emits noise (launcher/sandbox/model_fixture.py VARIANTS): it loads, and answers gibberish."""
+    from launcher.sandbox import model_fixture
+
+    model_fixture.write_patches(tmp_path / "patches", "noise")
+    data = yaml.safe_load(open(sandbox.config))
+    data["images"]["patches_dir"] = str(tmp_path / "patches")
+    path = tmp_path / "noise.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
 def test_an_upgrade_that_fails_verification_rolls_back_by_itself(sandbox, base, tmp_path):
-    """The verification seam: it fails for the new profile, passes for the old. The new image is
-    built and shipped while the old deploy still answers."""
-    from launcher.apply import cluster_lock, deploy, upgrade
+    """The broken variant is built and shipped while the old deploy still answers, starts, fails
+    the quick verification; the old deploy is started again and verified."""
+    from launcher.apply import cluster_lock, deploy, upgrade, verify as verifying
     from launcher.inputs import config as config_mod
     from launcher.transport import api
 
-    loaded = config_mod.load(Path(variant_config(sandbox, tmp_path)), VARIANT)
+    loaded = config_mod.load(Path(noise_config(sandbox, tmp_path)))
+    image = verifying.recipe(loaded)["image"]
     endpoint = api.endpoint(config_mod.load(Path(base)))
     said, served_while = [], []
 
@@ -108,25 +124,27 @@ def test_an_upgrade_that_fails_verification_rolls_back_by_itself(sandbox, base, 
         if line.startswith(("building", "prepared in")):
             served_while.append(api.health(endpoint))
 
-    class Verdict:
-        def __init__(self, ok):
-            self.ok, self.figures, self.message = ok, {"ppl": 3.5 if ok else 88.0}, "" if ok else "ppl 88.0"
-
-    verify = lambda lo: Verdict(lo.profile.name != VARIANT)  # noqa: E731
-    with deploy.group_for(loaded, say=say) as group, cluster_lock.held(loaded, group, 0, say):
-        with pytest.raises(upgrade.RolledBack) as raised:
-            upgrade.upgrade(loaded, group, verify=verify, say=say)
-    assert served_while == [True, True], said  # the old API answered while the new one was prepared
-    assert any(line.startswith("shipped") or "rank" in line for line in said)
-    message = raised.value.message
-    assert "what it serves failed verification: ppl 88.0" in message
-    assert "rolled back by itself: entry 1" in message and "(verify: passed)" in message
-    shown = entries(base)
-    assert [(e["how"], e["outcome"], e["verify"].get("status")) for e in shown] == [
-        ("up", "serving", "not available"), ("upgrade", "failed", "failed"), ("rollback", "serving", "passed")]
-    assert shown[1]["verify"]["figures"] == {"ppl": 88.0}
-    assert shown[1]["image"] != shown[0]["image"] and "keys3" in shown[1]["image"]
-    assert running(base) == hashes(shown[0])
+    try:
+        with deploy.group_for(loaded, say=say) as group, cluster_lock.held(loaded, group, 0, say):
+            with pytest.raises(upgrade.RolledBack) as raised:
+                upgrade.upgrade(loaded, group, verify=verifying.quick, say=say)
+        assert served_while == [True, True], said  # the old API answered while the new one was prepared
+        message = raised.value.message
+        assert "what it serves failed verification, so it is not serving: verify (quick) FAILED" in message
+        assert "perplexity prose" in message and "probes alone" in message
+        assert "rolled back by itself: entry 1" in message and "(verify: passed)" in message
+        shown = entries(base)
+        assert [(e["how"], e["outcome"], e["verify"].get("status")) for e in shown] == [
+            ("up", "serving", "passed"), ("upgrade", "failed", "failed"), ("rollback", "serving", "passed")]
+        assert all(p > 100 for p in shown[1]["verify"]["figures"]["perplexity"].values())
+        assert shown[1]["image"] == image != shown[0]["image"]
+        assert running(base) == hashes(shown[0])
+    finally:
+        ids = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
+                             capture_output=True, text=True).stdout.split()
+        for name in sandbox.names:
+            sandbox.run(name, f"docker rmi -f {' '.join(ids) or image} >/dev/null 2>&1; true")
+        subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
 
 
 def test_a_good_upgrade_serves_then_rollback_by_hand(sandbox, base, tmp_path):
@@ -138,6 +156,7 @@ def test_a_good_upgrade_serves_then_rollback_by_hand(sandbox, base, tmp_path):
     second = entries(base)[1]
     assert (second["how"], second["outcome"], second["note"]) == ("upgrade", "serving", "upgraded from entry 1")
     assert second["downtime_s"] > 0 and running(base) == hashes(second)
+    assert second["verify"]["status"] == "passed"  # `upgrade` verifies what it starts
 
     dry = cli("rollback", "-c", good, "--dry-run")
     assert dry.exit_code == 0, dry.output

@@ -108,3 +108,14 @@ def test_build_render_only(venv, elsewhere, config, tmp_path):
     files = sorted(p.relative_to(installed) for p in installed.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(checkout) for p in checkout.rglob("*") if p.is_file())
     assert all((installed / f).read_bytes() == (checkout / f).read_bytes() for f in files)
+
+
+def test_verify_held_out_texts_come_with_the_wheel(venv, elsewhere):
+    """`verify`'s held-out texts and their CC0 README are package data: the same bytes installed."""
+    out = run(venv / "bin" / "python", "-c", "from launcher.apply import verify as v; "
+              "print(v.HELDOUT_DIR); print(' '.join(t.sha256 for t in v.held_out()))", cwd=elsewhere)
+    folder, hashes = out.splitlines()
+    assert Path(folder).is_relative_to(venv) and (Path(folder) / "README.md").is_file()
+    from launcher.apply import verify as here
+
+    assert hashes.split() == [t.sha256 for t in here.held_out()]

@@ -3,8 +3,11 @@
 up = the API key (generated the first time, launcher/inputs/apikey.py) → prepare the nodes →
 gather (launcher/gather/) → plan → judge (`check`'s rows over the same gathered value and the
 plan's figures: any failure stops here, nothing started) → build and ship only if a rank lacks
-the profile's image → start (workers, then the head) → wait until the API answers. A cluster
-already running as planned is left alone (`restart` forces a new start).
+the profile's image → start (workers, then the head) → wait until the API answers → verify
+(the caller's callable, `up`'s being the quick form of `sparkstack verify`, apply/verify.py: a
+model that answers wrong is not serving, so every rank is stopped and the figures said) →
+record in the deploy history (apply/history.py). A cluster already running as planned is left
+alone (`restart` forces a new start), but verified all the same.
 Interrupted (Ctrl+C, SIGTERM, SIGHUP): what is in flight is cancelled, the containers this run
 started are stopped, and the message says whether every rank confirmed it; a second interrupt
 exits without waiting for that stop.
@@ -64,15 +67,15 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
        say=print, verify=None, image: str | None = None, how: str = "up",
        record: bool = True, report: UpReport | None = None) -> UpReport:
     """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
-    → verify → record (module docstring). `verify(loaded)`: the verification, a result with
-    `.ok` (None: none available, recorded as such); one that fails stops every rank and raises
-    VerifyFailed. `image`: serve this ref, already on every rank (rollback), instead of the
-    profile's (nothing built or shipped). `record`: add the deploy to the history. `report`:
-    filled as it goes (the caller keeps what was planned when it raises)."""
+    → verify → record (module docstring). `verify(loaded)`: the verification (apply/verify.py
+    `quick`), a result with `.ok` that history.verdict keeps; None: none available, recorded as
+    such; False: skipped on purpose (`--no-verify`), recorded as that. One that fails stops every
+    rank and raises VerifyFailed. `image`: serve this ref, already on every rank (rollback),
+    instead of the profile's (nothing built or shipped). `record`: add the deploy to the history.
+    `report`: filled as it goes (the caller keeps what was planned when it raises)."""
     report = report or UpReport()
     try:
-        _up(loaded, group, report, restart, wait_timeout, say, image)
-        _verify(loaded, group, report, verify, say)
+        _up(loaded, group, report, restart, wait_timeout, say, image, verify)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
     except SparkstackError as e:
@@ -89,23 +92,32 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
 
 
 def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None:
-    """The seam where the served model's verification enters: none given is recorded as not
-    available; a failure leaves nothing serving."""
+    """The seam where the served model's verification enters (up's `verify`): none given is
+    recorded as not available, False as skipped; a failure, or one that cannot run, leaves
+    nothing serving, started now or before (nothing half-started)."""
     if verify is None:
         report.verify = history.verdict(None)
         return
-    say("verifying what the API serves")
+    if verify is False:
+        report.verify = dict(history.SKIPPED)
+        say("not verified (--no-verify): nothing has checked that the model answers right")
+        return
+    say("verifying the served model (the quick form of `sparkstack verify`; --no-verify skips it)")
+    report.starting = True  # Ctrl+C while verifying stops every rank too
     try:
         result = verify(loaded)
     except SparkstackError as e:  # could not verify: not called serving either
-        raise VerifyFailed(f"the verification could not run: {e.message}; {serve.stop_and_say(group)}") from None
+        raise VerifyFailed(f"the verification could not run: {e.message}\nthe model is not serving: "
+                           f"{serve.stop_and_say(group)}") from None
     report.verify = history.verdict(result)
+    if hasattr(result, "summary"):
+        say("  " + result.summary())
     if not result.ok:
         stopped = serve.stop_and_say(group)
-        raise VerifyFailed(f"the API answers but what it serves failed verification: "
-                           f"{report.verify['message'] or report.verify['figures']}; {stopped}. "
-                           "Fix: go back to a deploy that verified (`sparkstack rollback`), or fix the "
-                           "image or profile and run `sparkstack up` again")
+        fix = getattr(result, "fix", "") or "fix the image or profile and run `sparkstack up` again"
+        raise VerifyFailed(f"rank 0 ({group.connections[0].target.name}) answers, but what it serves failed "
+                           f"verification, so it is not serving: {report.verify['message'] or report.verify['figures']}"
+                           f"\n{stopped}\nfix: {fix}; or go back to a deploy that verified (`sparkstack rollback`)")
     report.steps.append("verified")
 
 
@@ -152,7 +164,7 @@ def _after_interrupt(group: Group, report: UpReport, say) -> str:
 
 
 def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
-        say, image: str | None = None) -> UpReport:
+        say, image: str | None = None, verify=None) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     seen = steady.look(loaded, group, image)  # ONE probe per rank: serving as planned already?
@@ -161,7 +173,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         gathered = report.gathered = seen.gathered
         report.plan = seen.plan
         report.since = last_good.since_gathered(loaded, gathered, set(seen.probed))  # every rank serves
-        _serving(loaded, group, report, gathered, say, seen.watched)
+        _serving(loaded, group, report, gathered, say, seen.watched, verify)  # verified all the same
         report.seconds = time.monotonic() - started
         return report
     if seen.why_not and not restart:
@@ -207,15 +219,16 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
             _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, engine.head_first)
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
-    _serving(loaded, group, report, gathered, say, seen.watched)
+    _serving(loaded, group, report, gathered, say, seen.watched, verify)
     report.seconds = time.monotonic() - started
     return report
 
 
-def _serving(loaded: Loaded, group: Group, report: UpReport, gathered, say, watched: bool) -> None:
-    """The API answers: the serving guard on every rank (`watched`: the look saw each one at its
-    container already), and the last good start kept."""
+def _serving(loaded: Loaded, group: Group, report: UpReport, gathered, say, watched: bool, verify) -> None:
+    """The API answers: verified, the serving guard on every rank (`watched`: the look saw each
+    one at its container already), and the last good start kept."""
     report.steps.append("the API answers")
+    _verify(loaded, group, report, verify, say)  # before anything counts this start as a good one
     if servguard.start(loaded, group, say=say, watched=watched):  # the rank's own guard from now on (issue 29)
         report.steps.append("the memory guard watches every rank")
     if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start

@@ -5,7 +5,7 @@ the supervisor's log and the checkpoint manifests are).
 An entry holds what is needed to know a deploy again and to go back to it: the profile, the
 serving image's ref and its image ID on every rank, the checkpoint's fingerprint per rank, each
 rank's engine argv (secrets masked), a hash of its environment and of its whole plan (the
-container's label), the verification's figures (or that none was available), when, and how
+container's label), the verification's figures (or that none was available, or was skipped), when, and how
 (up, upgrade, rollback). An attempt that did not serve is kept too (`outcome: failed`, its
 error), so that history shows both sides of an upgrade that rolled back.
 
@@ -31,6 +31,7 @@ from ..inputs import apikey
 MAX_ENTRIES = 100  # a deploy a day for three months; each entry is a few kB
 SERVING, FAILED = "serving", "failed"
 NOT_AVAILABLE = {"status": "not available"}  # no verification was run: said, never assumed good
+SKIPPED = {"status": "skipped"}  # the owner skipped it on purpose (`--no-verify`)
 
 
 @dataclass
@@ -95,11 +96,14 @@ def masked_argv(argv: list[str], env: dict[str, str], marked=()) -> list[str]:
 
 
 def verdict(result) -> dict:
-    """A verification's result as kept: None -> not available; else ok, figures, message (the
-    result object needs `.ok`; `to_json()`, `figures` and `message` are taken when it has them)."""
+    """A verification's result as kept: None -> not available; else its status (`.ok`), its
+    figures (its `figures` when it has them -- VerifyResult's: perplexities and probe counts, a
+    few hundred bytes -- else its `to_json()`) and its `message`."""
     if result is None:
         return dict(NOT_AVAILABLE)
-    figures = result.to_json() if hasattr(result, "to_json") else getattr(result, "figures", {})
+    figures = getattr(result, "figures", None)
+    if figures is None:
+        figures = result.to_json() if hasattr(result, "to_json") else {}
     return {"status": "passed" if result.ok else "failed", "figures": figures,
             "message": getattr(result, "message", "") or ""}
 
@@ -213,6 +217,10 @@ def line(e: Entry) -> str:
     ids = sorted({short(r.image_id) for r in e.ranks})
     checkpoint = sorted({(r.checkpoint or "unknown")[:12] for r in e.ranks})
     v = e.verify.get("status", "?")
+    figures = e.verify.get("figures")
+    ppl = figures.get("perplexity") if isinstance(figures, dict) else None
+    if ppl:  # the perplexities the record keeps, beside the verdict
+        v += " (" + ", ".join(f"{name} {value:.3f}" for name, value in ppl.items()) + ")"
     parts = [f"{e.id:>4}  {e.at}  {e.how:<8} {e.outcome:<7} {e.profile}",
              f"image {e.image} ({', '.join(ids)})", f"checkpoint {', '.join(checkpoint)}", f"verify {v}"]
     if e.downtime_s is not None:

@@ -121,17 +121,22 @@ class RankGuard:
 
 
 def _read_command() -> str:
-    return (f'd="{GUARD_DIR}"; pid=$(cat "$d/{PIDFILE}" 2>/dev/null) && kill -0 "$pid" 2>/dev/null '
-            "&& echo watching || echo idle; "
+    # "watching" with the guard's command line: a guard still ending (it looks every CHECK_S)
+    # watches a container that is gone, and a stale pid file may name another process
+    return (f'd="{GUARD_DIR}"; pid=$(cat "$d/{PIDFILE}" 2>/dev/null) && cmd=$(tr "\\0" " " '
+            f'</proc/$pid/cmdline 2>/dev/null) && echo "watching $cmd" || echo idle; '
             f"echo \"container $(docker inspect -f '{{{{.Id}}}}' {CONTAINER_NAME} 2>/dev/null)\"; "
             f'tail -n {READ_LINES} "$d/{EVENTS}" 2>/dev/null; true')
 
 
 def parse(rank: int, host: str, stdout: str) -> RankGuard:
     lines = stdout.splitlines()
-    guard = RankGuard(rank, host, watching=bool(lines) and lines[0] == "watching")
+    guard = RankGuard(rank, host)
     if len(lines) > 1 and lines[1].startswith("container "):
         guard.container_id = lines[1][len("container "):].strip() or None
+    # watching: a live memwatch for the engine container there now
+    guard.watching = bool(lines) and lines[0].startswith("watching ") and SCRIPT in lines[0] and (
+        guard.container_id is None or guard.container_id in lines[0])
     for line in lines[2:]:
         try:
             event = json.loads(line)

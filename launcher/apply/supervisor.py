@@ -95,6 +95,7 @@ class Supervisor:
     say: object = print
     sleep: object = time.sleep
     restarts: list[float] = field(default_factory=list)  # monotonic times, within the hour
+    verify: object = None  # deploy.up's verify for each (re-)deploy: `up --keep` passes up's own
 
     @property
     def settings(self):
@@ -107,7 +108,8 @@ class Supervisor:
         restart = False
         while True:
             try:
-                deploy.up(self.loaded, self.group, restart=restart, wait_timeout=self.wait_timeout, say=self.say)
+                deploy.up(self.loaded, self.group, restart=restart, wait_timeout=self.wait_timeout, say=self.say,
+                          verify=self.verify)
                 self.log.add("serving")
                 self.say("serving; watching every rank and the API "
                          f"(every {self.settings.check_interval_s:g} s){_liveness_note(self.settings.liveness)}")

@@ -19,6 +19,7 @@ COMMANDS = {
     "up": "launcher.cli.up:up",
     "prep": "launcher.cli.prep:prep",
     "wait": "launcher.cli.wait:wait",
+    "verify": "launcher.cli.verify:verify",
     "status": "launcher.cli.status:status",
     "logs": "launcher.cli.logs:logs",
     "down": "launcher.cli.down:down",
@@ -46,8 +47,8 @@ COMMANDS = {
 # after every boot, then day to day, then the sandbox to try it on. A command may be in two.
 SECTIONS = (
     ("First bring-up", ("init", "fetch", "check", "up")),
-    ("After every boot, and the running cluster", ("up", "prep", "wait", "status", "top", "logs", "down",
-                                                   "upgrade", "rollback", "history", "metrics",
+    ("After every boot, and the running cluster", ("up", "prep", "wait", "verify", "status", "top", "logs",
+                                                   "down", "upgrade", "rollback", "history", "metrics",
                                                    "systemd-unit")),
     ("Day to day", ("plan", "profiles", "build", "ship", "stage", "manifest", "bench", "api-key",
                     "ansible-inventory", "registry-prune", "restore")),

@@ -19,7 +19,9 @@ from .shared import json_option, lock_option, trust_option, with_cluster
 @lock_option
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started")
-def rollback(loaded, entry, as_json, dry_run, trust_new_hosts, wait_lock, wait_timeout):
+@click.option("--no-verify", is_flag=True,
+              help="skip the quick verification of the deploy it starts (`sparkstack verify`'s quick form): on purpose only")
+def rollback(loaded, entry, as_json, dry_run, trust_new_hosts, wait_lock, wait_timeout, no_verify):
     """Serve a deploy of the history again: ENTRY (its number in `sparkstack history`), by
     default the last good deploy before the one running now.
 
@@ -28,11 +30,13 @@ def rollback(loaded, entry, as_json, dry_run, trust_new_hosts, wait_lock, wait_t
     that file is gone; a plan that differs from the entry's is said) and started from the image
     ID each rank still holds: nothing is built or shipped. A rank that no longer has that image
     is named, with the fix, and nothing is changed. Then: every rank's engine stopped, the
-    entry's deploy started, the API waited for, the deploy recorded as a new entry (how: rollback).
+    entry's deploy started, the API waited for, verified by the quick form of `sparkstack verify`
+    (--no-verify skips it; one that fails leaves nothing serving), the deploy recorded as a new
+    entry (how: rollback).
     --dry-run prints the plan; --json prints {"plan": {"target", "current", "problems"}} and,
     after a rollback, "report".
     """
-    from ..apply import cluster_lock, deploy, upgrade
+    from ..apply import cluster_lock, deploy, upgrade, verify as verifying
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     with deploy.group_for(loaded, trust_new_hosts, say) as group:
@@ -47,7 +51,8 @@ def rollback(loaded, entry, as_json, dry_run, trust_new_hosts, wait_lock, wait_t
             return
         upgrade.refuse(plan)
         with cluster_lock.held(loaded, group, wait_lock, say):
-            report = upgrade.rollback(loaded, group, plan, wait_timeout=wait_timeout, say=say)
+            report = upgrade.rollback(loaded, group, plan, wait_timeout=wait_timeout, say=say,
+                                      verify=verifying.chosen(no_verify))
     if as_json:
         click.echo(json.dumps({"plan": plan.to_json(), "report": report.to_json()}, indent=2))
         return

@@ -73,9 +73,14 @@ def _status_row(s, mem: int | str | None, cache: dict[str, int] | str | None = N
     if s.state in ("unreachable", "unknown"):
         return s.rank, s.host, s.state, shown, "", s.image, s.describe()
     kept = "" if cache is None else "compile cache " + (
-        "?" if isinstance(cache, str) else f"{sum(cache.values()) / 2**20:.1f} MiB" if cache else "empty")
+        "?" if isinstance(cache, str) else _cache_size(sum(cache.values())) if cache else "empty")
     return (s.rank, s.host, s.describe(), shown, kept, s.image,
             f"since {s.started_at}" if s.state == "running" else "")
+
+
+def _cache_size(n: int) -> str:
+    """MiB, or KiB while a cache holds little more than the kit's marker ("0.0 MiB" read as empty)."""
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 // 10 else f"{n / 1024:.1f} KiB"
 
 
 GUARD_EVENTS_SHOWN = 3  # per rank: the newest of its guard's events
@@ -95,6 +100,7 @@ def _print_guards(loaded, states, guards) -> None:
     for r, g in sorted(guards.items()):
         shown = [e for e in g.events if e.get("event") in ("relief", "hard")][-GUARD_EVENTS_SHOWN:]
         state = g.error or ("watching" if g.watching else "NOT watching" if r in running else "idle (no engine)")
-        out.print(f"  {g.host}: {state}" + ("" if shown else "; no event"), markup=False)
+        said = g.error if g.error and g.error.startswith(g.host) else f"{g.host}: {state}"  # the error names it
+        out.print(f"  {said}" + ("" if shown or g.error else "; no event"), markup=False)
         for e in shown:
             out.print(f"    {servguard.describe(e)}", markup=False)

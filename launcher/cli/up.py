@@ -20,7 +20,10 @@ from .shared import json_option, lock_option, trust_option, with_cluster
               help="then keep it serving: watch every rank and the API, re-deploy on a failure (keep: in the config)")
 @click.option("--timeout", "wait_timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="seconds to wait for the API once started (longer when the slowest rank's cold-load estimate x 2 is; see `check`'s load row)")
-def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout):
+@click.option("--no-verify", is_flag=True,
+              help="skip the quick verification once the API answers (perplexity on the kit's held-out "
+                   "texts and greedy probes, alone and crowded; `sparkstack verify`): on purpose only")
+def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout, no_verify):
     """The whole (re-)deploy, e.g. after a boot: prepare the nodes, check every rank, build and
     ship only what a rank lacks, start TP vLLM (workers, then the head), wait for the API.
 
@@ -37,6 +40,9 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     MemAvailable: kept on this host each time `up` gets the cluster serving; --json: on stdout
     too). A cluster already running as planned is left alone: `up` then changes nothing (use
     --restart to force).
+    Once the API answers, the quick form of `sparkstack verify` runs: a model that answers wrong
+    (perplexity beyond its baseline or the sane bound, a probe wrong alone or crowded) is not
+    serving: every rank is stopped and the figures and the fix said (--no-verify skips it).
     Ctrl+C, SIGTERM or SIGHUP: the containers this run started are stopped (exit 130); a
     second one exits without waiting for that.
     --keep: after that, watch every rank's container and the API (keep.check_interval_s); on a
@@ -46,15 +52,16 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     cause with what changed since the last good start); `sparkstack metrics serve` exports them.
     Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
-    from ..apply import cluster_lock, deploy
+    from ..apply import cluster_lock, deploy, verify as verifying
     from ..errors import SparkstackError
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if keep:
-        return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say)
+        return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, no_verify)
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
         try:
-            report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say)
+            report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say,
+                               verify=verifying.chosen(no_verify))
         except SparkstackError as e:
             if as_json and getattr(e, "since", None):  # what changed since the last good start, for scripts
                 click.echo(json.dumps({"error": e.message, "since_last_good_start": e.since.to_json()}, indent=2))
@@ -72,13 +79,14 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout)
     _say_how_to_authenticate(loaded)
 
 
-def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say) -> None:
-    from ..apply import cluster_lock, deploy, supervisor
+def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, no_verify) -> None:
+    from ..apply import cluster_lock, deploy, supervisor, verify as verifying
 
     log = supervisor.EventLog(supervisor.log_path(loaded))
     say(f"supervising {loaded.profile.name}: events in {log.path} (`sparkstack metrics serve` exports them)")
     with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
-        supervisor.Supervisor(loaded, group, log, wait_timeout, say).run()
+        supervisor.Supervisor(loaded, group, log, wait_timeout, say,
+                              verify=verifying.chosen(no_verify)).run()
 
 
 def _say_how_to_authenticate(loaded) -> None:

@@ -92,6 +92,9 @@ class Engine:
     head_first: bool = False  # start rank 0 first, then the others (else the others first)
     shown_as: str = ""  # said when `up` starts it, e.g. "Ray"
     listed: int = 100  # where it comes among the engines (and a profile's `engine:` values)
+    # its API gives vLLM's prompt_logprobs, which `verify` reads a perplexity from: True, a server
+    # without them is refused; False, verify still asks, and judges by its probes alone when none come
+    prompt_logprobs: bool = True
 
     def template_name(self, n_ranks: int) -> str:
         return self.template

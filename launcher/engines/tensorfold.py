@@ -28,6 +28,10 @@ class TensorFold(Engine):
     # its own default (seed 001's one-shot.sh passes none; its RoCE reductions' Gloo group takes
     # the port 11 above)
     master_port = 29551
+    # Its server is OpenAI-compatible, not vLLM: seed 001 lists no prompt_logprobs (vLLM's own
+    # extension) for it. `verify` asks anyway and reads a perplexity when they come; without them
+    # it checks the greedy probes (alone and crowded) only, and says so.
+    prompt_logprobs = False
     no_api_key = NoApiKey("tensorfold", "TensorFold's server checks no API key (seed 001): anyone who "
                           "reaches rank 0's API port can use it; keep that port on a private network")
 

@@ -90,6 +90,7 @@ class ModelLimits:
     ignored_quant: str | None = None
     sparse: bool = False  # a DSA indexer (index_topk): sparse MLA
     architectures: tuple[str, ...] = ()
+    attention_heads: int | None = None  # num_attention_heads: tensor parallelism must divide it
 
     @classmethod
     def from_config(cls, config: dict, beside: dict | None = None) -> "ModelLimits":
@@ -109,8 +110,9 @@ class ModelLimits:
         ignored = other if isinstance(other, str) and other and method is None else None
         archs = config.get("architectures") if isinstance(config, dict) else None
         archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
+        heads = text.get("num_attention_heads")
         return cls(max_len, key, method, "config.json" if method else None, ignored,
-                   "index_topk" in text, archs)
+                   "index_topk" in text, archs, heads if type(heads) is int and heads > 0 else None)
 
 
 def read_limits(model_dir: Path) -> ModelLimits:

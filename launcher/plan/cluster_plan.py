@@ -140,6 +140,7 @@ def build(loaded: Loaded, inputs: Gathered) -> Plan:
     _refuse_below_floor(loaded, sizing, memory, free_floor)
     long_env, long_notes = engine_conf.long_context(loaded, model.limits)  # PlanRefused: not wanted
     engine_conf.refuse_missing(loaded, model.limits, inputs.image_caps)
+    engine_conf.refuse_heads(loaded, model.limits, tp)
     image = inputs.image
     assumed += inputs.image_assumed
     fabric_env = fabric_envs(loaded, facts, assumed)  # NCCL's pins, whatever the engine

@@ -50,6 +50,19 @@ def long_context(loaded: Loaded, limits: ModelLimits | None) -> tuple[dict[str, 
              f"beyond {limits.max_len} can give nan) and starts"])
 
 
+def refuse_heads(loaded: Loaded, limits: ModelLimits | None, tp: int) -> None:
+    """vLLM splits the attention heads across the tensor-parallel ranks and refuses a count they
+    do not divide (ModelConfig.verify_with_parallel_config), before loading a byte."""
+    heads = limits.attention_heads if limits else None
+    if not loaded.engine.startup_guard or not heads or tp <= 1 or heads % tp == 0:
+        return
+    raise PlanRefused(
+        f"profile {loaded.profile.name}: the checkpoint has {heads} attention heads (config.json "
+        f"num_attention_heads) and tensor parallelism is {tp}; vLLM 0.33 refuses it (\"Total number of "
+        f"attention heads ({heads}) must be divisible by tensor parallel size ({tp}).\"). Serve a checkpoint "
+        f"whose head count {tp} divides, or a tensor-parallel size that divides {heads}")
+
+
 def needs(loaded: Loaded, limits: ModelLimits | None) -> list[tuple[str, str]]:
     """(capability, why) the serving image must bring: the profile's own list, and what the
     flags and the checkpoint need (capabilities.derived)."""

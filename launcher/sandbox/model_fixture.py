@@ -26,16 +26,19 @@ CONFIG = {
     "moe_intermediate_size": 32,
     "num_hidden_layers": 6,
     "num_nextn_predict_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
+    # 4: vLLM refuses heads that do not divide by --tensor-parallel-size (the sandbox plans TP4)
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
     "q_lora_rank": 128,
     "kv_lora_rank": 512,
     "qk_nope_head_dim": 64,
     "qk_rope_head_dim": 64,
     "v_head_dim": 64,
     "index_head_dim": 128,
-    "index_n_heads": 2,
-    "index_topk": 256,
+    "index_n_heads": 2,  # vLLM replicates the indexer on every TP rank: no rule to divide
+    # GLM-5's figure: vLLM's DCP top-k merge takes only 512, 1024 or 2048, older CUDA prefill
+    # paths assert 2048. No tensor's shape depends on it.
+    "index_topk": 2048,
     "n_routed_experts": 8,
     "n_shared_experts": 1,
     "num_experts_per_tok": 2,
@@ -182,15 +185,31 @@ REGISTERS = {
 EXTENSION = ("exllamav3_ext.so", b"\x7fELF sparkstack sandbox stand-in: exllamav3 1.4.5 extension\n")
 
 
-def write_patches(path: Path) -> list[str]:
-    """Small stand-in patch files for the sandbox profile's image chain (plain python files)."""
+# Broken variants of the chain (issue 30: `verify` must fail them): the patch that breaks, and
+# the fault it declares to the stand-in vLLM (standins/standin_vllm.py image_fault), as a real
+# broken overlay would behave: it loads without error and then answers wrong.
+VARIANTS = {
+    # mul1's EXL3 overlay narrowing the trellis to the declared width (seed 003): every logit is noise
+    "noise": ("exl3.py", "noise", "this variant narrows each fused shard to its declared width: "
+              "loads without error, emits gibberish"),
+    # keys' indexer, wrong only when 4 or more requests are batched (a TP kernel's fault, seed 003)
+    "crowded": ("sparse_attn_indexer.py", "crowded:4", "this variant's top-k fallback corrupts "
+                "the batch once 4 or more requests run at once"),
+}
+
+
+def write_patches(path: Path, variant: str | None = None) -> list[str]:
+    """Small stand-in patch files for the sandbox profile's image chain (plain python files);
+    `variant` (a VARIANTS key) writes that broken overlay instead of the good one."""
     path.mkdir(parents=True, exist_ok=True)
+    broken, fault, why = VARIANTS[variant] if variant else (None, None, None)
     for name, what in PATCHES.items():
         _write_if_changed(path / name,
                           f"# sparkstack sandbox stand-in patch: {name}\n"
                           f"# The real file comes from the serving repository's checkout; this one\n"
                           f"# only stands for: {what}.\n"
                           f"SANDBOX_PATCH = {name.removesuffix('.py')!r}\n"
-                          + (f"SANDBOX_REGISTERS = {REGISTERS[name]!r}\n" if name in REGISTERS else ""))
+                          + (f"SANDBOX_REGISTERS = {REGISTERS[name]!r}\n" if name in REGISTERS else "")
+                          + (f"# BROKEN: {why}\nSANDBOX_FAULT = {fault!r}\n" if name == broken else ""))
     _write_if_changed(path / EXTENSION[0], EXTENSION[1])
     return sorted([*PATCHES, EXTENSION[0]])

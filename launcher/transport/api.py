@@ -175,3 +175,24 @@ def _error_message(r: httpx.Response) -> str:
         return str(r.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return r.text[:300]
+
+
+def greedy(ep: Endpoint, prompt: str, max_tokens: int, timeout: float = 120.0) -> str:
+    """The served model's greedy continuation of `prompt` (temperature 0) from /v1/completions."""
+    body = {"model": ep.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    r = httpx.post(f"{ep.url}/v1/completions", json=body, headers=ep.headers, timeout=timeout)
+    if r.status_code != 200:
+        raise ApiRefused(f"{ep.url} answered {r.status_code} to POST /v1/completions: "
+                         f"{_error_message(r)}", r.status_code)
+    return str(r.json()["choices"][0].get("text") or "")
+
+
+def context_length(ep: Endpoint) -> int | None:
+    """The served model's context (vLLM lists max_model_len in /v1/models), None when unsaid."""
+    r = httpx.get(f"{ep.url}/v1/models", headers=ep.headers, timeout=10)
+    if r.status_code != 200:
+        return None
+    for m in r.json().get("data", []):
+        if m.get("id") == ep.model and isinstance(m.get("max_model_len"), int):
+            return m["max_model_len"]
+    return None

@@ -14,6 +14,12 @@ scripts/check_engine_config_with_vllm.py; tests/test_engine_config_fixtures.py c
   (`vllm/model_executor/layers/quantization/__init__.py`) plus what a plugin registered
   (`register_quantization_config` appends). A `quantization_config.json` beside config.json is not
   read by vLLM: the model is configured unquantized, without a word (the kit's `check` says so);
+- `vllm/config/model.py` `verify_with_parallel_config` (VllmConfig's __post_init__, after
+  ModelConfig and ParallelConfig): config.json's `num_attention_heads` must divide by
+  --tensor-parallel-size ("Total number of attention heads (2) must be divisible by tensor
+  parallel size (4)."). vLLM 0.33 has no like rule for pipeline parallelism and
+  num_hidden_layers (it splits layers unevenly; it refuses only a model without SupportsPP, and
+  GLM-5's implementation has it);
 - `vllm/v1/executor/ray_utils.py` `assert_ray_available` (called from `vllm/config/parallel.py`
   for --distributed-executor-backend ray): "Failed to import Ray: ...";
 - `vllm/platforms/cuda.py` (`get_attn_backend_cls`) with `vllm/v1/attention/backend.py`'s reasons:
@@ -177,6 +183,16 @@ def check_ray(options: dict) -> str | None:
     return None
 
 
+def check_heads(cfg: dict, options: dict) -> str | None:
+    """Each tensor-parallel rank holds an equal share of the attention heads."""
+    heads = cfg.get("num_attention_heads", 0)  # vLLM reads 0 when config.json names none
+    tp = int(options.get("tensor_parallel_size") or 1)
+    if not isinstance(heads, int) or isinstance(heads, bool) or tp < 1 or heads % tp == 0:
+        return None
+    return (f"ValueError: Total number of attention heads ({heads}) must be divisible by "
+            f"tensor parallel size ({tp}).")
+
+
 def compute_capability(env) -> tuple[int, int]:
     major, _, minor = env.get("SANDBOX_VLLM_COMPUTE_CAPABILITY", "12.1").partition(".")
     return int(major), int(minor or 0)
@@ -213,12 +229,13 @@ def check_attention(cfg: dict, options: dict, plugins: dict, env) -> str | None:
 
 def engine_config(model: str, options: dict, env=None) -> str | None:
     """create_engine_config's refusals, in vLLM's order (ModelConfig's max length, then its
-    quantization, then ParallelConfig's executor): the first error, or None."""
+    quantization, then ParallelConfig's executor, then VllmConfig's heads per tensor-parallel
+    rank): the first error, or None."""
     env = os.environ if env is None else env
     cfg = read_config(model)
     plugins = registered()
     return (check_max_len(cfg, options, env) or check_quantization(cfg, options, plugins)
-            or check_ray(options))
+            or check_ray(options) or check_heads(cfg, options))
 
 
 def attention(model: str, options: dict, env=None) -> str | None:

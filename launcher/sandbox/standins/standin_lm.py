@@ -11,13 +11,18 @@ checkpoint gives the same logprobs, and English scores better than noise. Standa
   1 / (r * H) (Zipf; H normalises over the vocabulary), so top-k is the first k of the order.
 - `noise=True` is the seam for a broken image (an overlay that corrupts the logits): every
   position then ranks the vocabulary in its own pseudo-random order, so real text scores like
-  random bytes.
+  random bytes, and greedy generation emits the top of that order: gibberish.
+- Greedy generation (`continuation`): a few skills stand for what a real model knows, so that
+  `sparkstack verify`'s probes have something to be right or wrong about: continuing a counted
+  sequence, simple arithmetic, a few facts, and completing `return` of a documented two-argument
+  function. Anything else continues with the caller's canned text, as before.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 SPECIALS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<think>", "</think>")
 EOS = 256
@@ -37,6 +42,41 @@ def piece(token: int) -> str:
     if token >= 256:
         return SPECIALS[token - 256]
     return bytes([token]).decode("utf-8", errors="replace")
+
+
+# What the stand-in "knows": (a question's pattern at the end of the prompt, the answer).
+FACTS = (
+    (re.compile(r"capital of France\b.*$", re.S | re.I), " Paris."),
+    (re.compile(r"capital of Japan\b.*$", re.S | re.I), " Tokyo."),
+    (re.compile(r"largest planet\b.*$", re.S | re.I), " Jupiter."),
+)
+COUNTING = re.compile(r"(-?\d+)(?:,\s*(-?\d+)){2,},?\s*$")
+ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)\s*(?:=|\?\s*\n?A:)\s*$")
+CODE = re.compile(r"def \w+\((\w+), (\w+)\):\s*\"\"\"Return the (sum|product|difference) of \w+ and \w+\.?"
+                  r"\"\"\"\s*return\s*$")
+OPERATOR = {"sum": "+", "product": "*", "difference": "-"}
+
+
+def answer(text: str) -> str | None:
+    """The stand-in model's greedy answer to `text`, where one of its skills applies."""
+    m = COUNTING.search(text)
+    if m:
+        numbers = [int(n) for n in re.findall(r"-?\d+", m.group(0))]
+        step = numbers[-1] - numbers[-2]
+        if all(b - a == step for a, b in zip(numbers, numbers[1:])):
+            nxt = [numbers[-1] + step * i for i in (1, 2, 3)]
+            return (" " if text.endswith(",") else "") + ", ".join(map(str, nxt)) + ","
+    m = ARITHMETIC.search(text)
+    if m:
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        return f" {a + b if op == '+' else a - b if op == '-' else a * b}"
+    m = CODE.search(text)
+    if m:
+        return f" {m.group(1)} {OPERATOR[m.group(3)]} {m.group(2)}\n"
+    for pattern, said in FACTS:
+        if pattern.search(text[-200:]):
+            return said
+    return None
 
 
 def checkpoint_seed(config_bytes: bytes) -> int:
@@ -63,6 +103,15 @@ class Model:
         key = f"{self.seed}:{position}".encode()
         return sorted(range(VOCAB), key=lambda t: hashlib.blake2b(key + t.to_bytes(2, "big"),
                                                                    digest_size=4).digest())
+
+    def continuation(self, prompt: list[int], default: str, n: int = 32) -> list[int]:
+        """Greedy generation after `prompt`, ending with EOS: what the model's skills answer (else
+        `default`); with noise, the top token of each position's scrambled order."""
+        if self.noise:
+            return [self._order_at(len(prompt) + i)[0] for i in range(n)] + [EOS]
+        text = bytes(t for t in prompt if t < 256).decode("utf-8", errors="replace")
+        said = answer(text)
+        return encode(default if said is None else said) + [EOS]
 
     def score(self, token: int, position: int, k: int) -> tuple[float, int, list[tuple[int, float]]]:
         """(logprob, rank) of `token` at `position`, and the k most likely (token, logprob)."""

@@ -153,14 +153,24 @@ class Completion:
             check_vocab(self.prompt)
         self.req, self.model = req, model
         self.echo, self.k = bool(req.get("echo")), req.get("logprobs")
-        out = lm.encode(continuation) + [lm.EOS]
+        self.continuation = continuation
+        self.generate()
+
+    def generate(self) -> None:
+        out = self.model.continuation(self.prompt, self.continuation)
         self.tokens = out[:self.max_tokens]
         self.finish = "stop" if self.tokens[-1] == lm.EOS else "length"
 
+    def corrupt(self, model: lm.Model) -> None:
+        """Answer from `model` instead (the image's fault under concurrency: standin_vllm)."""
+        self.model = model
+        self.generate()
+
     @property
     def text_tokens(self) -> list[int]:
-        """The generated tokens that show as text (the end-of-text token does not)."""
-        return [t for t in self.tokens if t != lm.EOS]
+        """The generated tokens that show as text: bytes; specials (the end of text, a chat
+        role a noisy model may emit) do not, as vLLM's default skip_special_tokens leaves them out."""
+        return [t for t in self.tokens if t < 256]
 
     def _top(self, token: int, position: int, k: int) -> tuple[float, int, dict]:
         """(logprob, rank) of the token and vLLM's per-position dict: the token first, then top k."""

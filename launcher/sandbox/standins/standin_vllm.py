@@ -342,6 +342,29 @@ def installed_patches() -> list[str]:
     return sorted(set(found))
 
 
+FAULT = re.compile(rb"^SANDBOX_FAULT\s*=\s*[\"']([a-z]+)(?::(\d+))?[\"']", re.M)
+
+
+def image_fault() -> tuple[str | None, int | None]:
+    """A broken overlay the sandbox chain's variant installed (a patch file of the image's `vllm`
+    package that says SANDBOX_FAULT = "noise", like a patch that narrows a shard: every answer
+    is noise; or "crowded:N": noise only while N or more requests run at once): (kind, N)."""
+    for site in sys.path:
+        for folder, _, files in os.walk(os.path.join(site or ".", "vllm")):
+            for name in sorted(files):
+                try:
+                    with open(os.path.join(folder, name), "rb") as f:
+                        match = FAULT.search(f.read(4096))
+                except OSError:
+                    continue
+                if match:
+                    kind, n = match.group(1).decode(), match.group(2)
+                    log(f"SANDBOX STAND-IN: {os.path.join(folder, name)} declares the fault "
+                        f"{kind}{':' + n.decode() if n else ''}", "WARNING")
+                    return kind, int(n) if n else None
+    return None, None
+
+
 GIB = 1024 ** 3
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM 0.33's CacheConfig default
 DEFAULT_MASTER_PORT = 29501  # vLLM 0.33's --master-port default
@@ -801,7 +824,12 @@ class Engine:
         self.malformed = os.environ.get("SANDBOX_VLLM_FAIL") == "malformed"
         # vLLM splits thinking into `reasoning` only with a reasoning parser; else it is content.
         self.reasoning_parser = bool(options.get("reasoning_parser"))
-        self.lm = api_modules()[1].Model(checkpoint_seed(model))
+        lm, seed = api_modules()[1], checkpoint_seed(model)
+        # An overlay of the image may be broken (image_fault): its logits are noise always, or
+        # only once `crowded_at` requests run at once (a TP kernel wrong under batching).
+        fault, self.crowded_at = image_fault()
+        self.lm = lm.Model(seed, noise=fault == "noise")
+        self.noisy = lm.Model(seed, noise=True)
         self.fingerprint = system_fingerprint(options)
         self.wedged_at = time.monotonic() if os.environ.get("SANDBOX_VLLM_FAIL") == "wedge" else None
         self.lock = threading.Condition()
@@ -864,6 +892,12 @@ class Engine:
                 self.e2e_hist.observe(time.monotonic() - ticket.arrived)
                 self.queue_hist.observe(ticket.admitted - ticket.arrived)
             self.lock.notify_all()
+
+    def crowded(self) -> bool:
+        """Whether the image's concurrency fault applies now (image_fault): as many requests
+        scheduled at once as the fault needs."""
+        with self.lock:
+            return self.crowded_at is not None and len(self.running) >= self.crowded_at
 
     def paced(self, tokens: list, prompt_tokens: int, t0: float, finish: str = "length"):
         """Yields tokens at their due time once the scheduler takes the request: the first after
@@ -1161,8 +1195,11 @@ class Handler(BaseHTTPRequestHandler):
             k_prompt = job.k  # echo with logprobs asks the engine for the prompt's too
         if job.req.get("stream"):
             return self.stream_text(job, base, paced)
+        crowded = False
         for _ in paced:
-            pass
+            crowded = crowded or self.engine.crowded()
+        if crowded:
+            job.corrupt(self.engine.noisy)
         prompt_text = "".join(api_modules()[1].piece(t) for t in job.prompt)
         text = bytes(job.text_tokens).decode("utf-8", errors="replace")
         logprobs = None
