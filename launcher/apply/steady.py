@@ -10,8 +10,9 @@ memory guard's pid, so in one round trip per rank `up` knows whether anything wo
 Then the cache drop and the memory wait are pointless (the engine holds that memory by design)
 and the pings are not needed (the API answering through every rank says more); the caller
 asks the API once more. Anything else takes the full path, which reuses this probe for prep
-and the preflight, and skips the drop when the containers already run as planned. Either way `up` keeps the
-serving guard, the last good start and the history entry from this same probe: the guard is
+and the preflight, and skips the drop when the containers already run as planned. Either way `up` verifies what
+the API serves (its `verify` seam: an HTTP matter) and keeps the serving guard, the last good
+start and the history entry from this same probe: the guard is
 started only where the probe did not see it watching the running container, and the image IDs
 the history records are the probe's listing (nothing was shipped).
 """
