@@ -229,6 +229,7 @@ def _serving(loaded: Loaded, group: Group, report: UpReport, gathered, say, watc
     one at its container already), and the last good start kept."""
     report.steps.append("the API answers")
     _verify(loaded, group, report, verify, say)  # before anything counts this start as a good one
+    watched = watched and not report.changed  # a container started now has no guard yet
     if servguard.start(loaded, group, say=say, watched=watched):  # the rank's own guard from now on (issue 29)
         report.steps.append("the memory guard watches every rank")
     if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
