@@ -280,3 +280,18 @@ def test_gcm_comes_first_and_paramikos_other_ciphers_stay():
     assert ciphers[:2] == remote.PREFERRED_CIPHERS
     assert set(ciphers) == set(paramiko.Transport._preferred_ciphers)
     transport.close()
+
+
+def test_paramiko_comes_without_invoke_until_used():
+    """Every command's start skips invoke (asyncio, unittest.mock: ~40 ms); paramiko's ssh_config
+    `Match exec`, its one use, still runs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, launcher.transport.remote, launcher.apply.deploy, launcher.init.hosts, paramiko\n"
+            "print('invoke' in sys.modules, 'asyncio' in sys.modules)\n"
+            "c = paramiko.SSHConfig.from_text('Match exec \"true\"\\n  User matched\\n')\n"
+            "print(c.lookup('h').get('user'), 'invoke' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == ["False", "False", "matched", "True"]

@@ -52,3 +52,27 @@ def test_output_of_another_shape_is_that_ranks_unknown_state(stdout):
     s = read(stdout)
     assert s.state == "unknown"
     assert s.describe().startswith("rank 2 (spark3): `docker inspect` printed ")
+
+
+def test_the_probe_reads_the_serving_container_as_inspect_does():
+    """The probe's `container` part (Engine API or CLI): the same state `docker inspect` gives."""
+    from launcher.facts import remote as rank_facts
+    from launcher.facts.parts import FactError
+
+    body = json.dumps({"Id": "c0ffee", "State": {"Status": "running", "ExitCode": 0, "OOMKilled": False,
+                                                  "StartedAt": "2026-12-02T01:00:00Z"},
+                        "Config": {"Image": "sparkstack/serve:abc", "Labels": {"org.sparkstack.plan": "h1",
+                                                                               "org.sparkstack.cluster": "c"}}})
+    found = rank_facts.parse_probed_container({"api": {"status": 200, "body": body}}, "org.sparkstack.plan",
+                                              ("org.sparkstack.profile", "org.sparkstack.cluster"))
+    assert (found.status, found.label, found.image, found.extra, found.id) == (
+        "running", "h1", "sparkstack/serve:abc", (None, "c"), "c0ffee")
+    cli_found = rank_facts.parse_probed_container({"cli": {"rc": 0, "stdout": body + "\n"}}, "org.sparkstack.plan")
+    assert (cli_found.status, cli_found.label, cli_found.id) == ("running", "h1", "c0ffee")
+    assert rank_facts.parse_probed_container({"api": {"status": 404, "body": "{}"}}, "x") is None
+    assert rank_facts.parse_probed_container(
+        {"cli": {"rc": 1, "stdout": "", "stderr": "Error: No such object: sparkstack-engine\n"}}, "x") is None
+    with pytest.raises(FactError, match="Cannot connect"):
+        rank_facts.parse_probed_container({"cli": {"rc": 1, "stderr": "Cannot connect to the Docker daemon"}}, "x")
+    with pytest.raises(FactError, match="not Docker's"):
+        rank_facts.parse_probed_container({"api": {"status": 200, "body": "[]"}}, "x")

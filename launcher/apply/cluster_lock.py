@@ -24,12 +24,11 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 
-import paramiko
 
 from .. import onrank
 from ..errors import SparkstackError
 from ..inputs.config import Loaded
-from ..transport.remote import Connection, Group
+from ..transport.remote import Connection, Group, paramiko  # without invoke: remote._import_paramiko
 
 LOCK_PATH = "/tmp/sparkstack-lock/cluster.lock"  # on rank 0; gone with a reboot, as a lock should be
 STALE_S = 30  # silence from the holder after which its lock lapses
@@ -92,6 +91,7 @@ class ClusterLock:
         self._sent: deque[float] = deque()  # heartbeats not answered yet, by when they left
         self._acked = 0.0  # when the last answered heartbeat left (the holder's clock ran from then)
         self._gone: str | None = None  # why the holder is known to be gone
+        self._wake: tuple[int, int] | None = None  # written at the end: the heartbeat's select returns at once
 
     def __enter__(self) -> "ClusterLock":
         deadline = time.monotonic() + self.wait_s
@@ -114,6 +114,7 @@ class ClusterLock:
         if answer.get("previous"):
             self.say(f"note: took over the cluster lock left by {describe(answer['previous'])}: "
                      "its holder stopped answering")
+        self._wake = os.pipe()
         self._beat = threading.Thread(target=self._heartbeat, daemon=True)
         self._beat.start()
         _HELD.append(self)
@@ -150,7 +151,7 @@ class ClusterLock:
     def _heartbeat(self) -> None:
         """A line every stale_s / 3; the holder answers each with `+`: the time the last answered
         one left is when the holder's stale_s began at the latest."""
-        channel, interval = self._channel, self.stale_s / 3
+        channel, wake, interval = self._channel, self._wake[0], self.stale_s / 3
         next_beat = time.monotonic() + interval
         try:
             while not self._stop.is_set():
@@ -159,7 +160,7 @@ class ClusterLock:
                     self._sent.append(now)
                     channel.sendall(b".\n")
                     next_beat = now + interval
-                select.select([channel], [], [], min(max(next_beat - now, 0.0), 0.5))
+                select.select([channel, wake], [], [], min(max(next_beat - now, 0.0), 0.5))
                 while channel.recv_ready():
                     for _ in range(channel.recv(1024).count(b"+")):
                         if self._sent:
@@ -189,6 +190,8 @@ class ClusterLock:
             _HELD.remove(self)
         if self._channel is None:
             return
+        if self._wake:
+            os.write(self._wake[1], b"x")  # the beat ends now, not after its select's 0.5 s
         if self._beat is not None and self._beat is not threading.current_thread():
             self._beat.join(timeout=1)
         try:
@@ -200,6 +203,9 @@ class ClusterLock:
             pass
         finally:
             self._channel.close()
+            for fd in self._wake or ():
+                os.close(fd)
+            self._wake = None
 
 
 def held(loaded: Loaded, group: Group, wait_s: float = 0, say=print) -> ClusterLock:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import history, last_good, load_progress, memguard, prep, serve, servguard
+from . import history, last_good, load_progress, memguard, prep, serve, servguard, steady
 from .cluster_lock import LockLost, ensure_held
 from ..check.report import CheckFailed, evaluate, refuse
 from ..errors import Interrupted, SparkstackError
@@ -125,7 +125,9 @@ def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
     """A good deploy into the history, unless the last entry is this very deploy (an `up` that
     found it running as planned, or a restart of it after a boot or by the supervisor, adds
     nothing: the history is of what changed)."""
-    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify)
+    # nothing started, nothing shipped: the probe's image listing still holds (no round trip)
+    listed = None if report.changed else _images_seen(report.gathered, report.plan.image)
+    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify, listed=listed)
     path = history.path_for(loaded)
     entries = history.load(path)
     last = entries[-1] if entries else None
@@ -136,11 +138,13 @@ def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
 
 
 def deployed_entry(loaded: Loaded, group: Group, the_plan: planning.Plan, gathered, how: str,
-                   **kw) -> history.Entry:
-    """A history entry for `the_plan`: the image's ID as each rank has it, the checkpoint's
-    fingerprint as each rank's probe read it."""
-    found = ranks.image_ids(group, [the_plan.image])
-    ids = {t.rank: (have or {}).get(the_plan.image) for t, have, _why in found}
+                   listed: dict[int, dict[str, str]] | None = None, **kw) -> history.Entry:
+    """A history entry for `the_plan`: the image's ID as each rank has it (`listed`: as this
+    command's probe listed them, else the ranks are asked), the checkpoint's fingerprint as each
+    rank's probe read it."""
+    if listed is None:
+        listed = {t.rank: have or {} for t, have, _why in ranks.image_ids(group, [the_plan.image])}
+    ids = {r: have.get(the_plan.image) for r, have in listed.items()}
     prints = {r: (f.checkpoint.fingerprint if f and f.checkpoint else None)
               for r, f in (gathered.facts if gathered else {}).items()}
     return history.entry_for(loaded.profile.name, the_plan, ids, prints, how=how, config=str(loaded.path), **kw)
@@ -163,13 +167,26 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         say, image: str | None = None, verify=None) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
-    say("preparing the nodes (sysctls, checkpoint mount, page caches)")
-    prep.prepare(loaded, group, say=say).raise_for_failures()
+    seen = steady.look(loaded, group, image)  # ONE probe per rank: serving as planned already?
+    if seen.as_planned and not restart and steady.answers(loaded, say):
+        say("already running as planned: nothing to change (--restart forces a new start)")
+        gathered = report.gathered = seen.gathered
+        report.plan = seen.plan
+        report.since = last_good.since_gathered(loaded, gathered, set(seen.probed))  # every rank serves
+        _serving(loaded, group, report, gathered, say, seen.watched, verify)  # verified all the same
+        report.seconds = time.monotonic() - started
+        return report
+    if seen.why_not and not restart:
+        say(f"not as planned: {seen.why_not}")
+    drop = restart or not seen.current  # serving as planned: the memory is the engine's, no drop
+    say("preparing the nodes (sysctls, checkpoint mount" + (", page caches)" if drop else ")"))
+    prepared = prep.prepare(loaded, group, say=say, probed=seen.probed, drop=drop)
+    prepared.raise_for_failures()
     report.steps.append("prepared the nodes")
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
     say("checking every rank")
-    current = serve.states(group)
-    gathered = report.gathered = cluster.gather(loaded, group, image)
+    current = seen.states or serve.states(group)  # prep leaves the containers as the look read them
+    gathered = report.gathered = cluster.gather(loaded, group, image, prepared.probed)
     report.since = last_good.since_gathered(loaded, gathered, {s.rank for s in current if s.state == "running"})
     the_plan = report.plan = judged(loaded, gathered)  # the image row is settled below
     longer = load_progress.extended(the_plan.load, wait_timeout)
@@ -202,20 +219,30 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
             _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, engine.head_first)
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
-    report.steps.append("the API answers")
-    _verify(loaded, group, report, verify, say)  # before anything counts this start as a good one
-    if servguard.start(loaded, group, say=say):  # the rank's own guard from now on (issue 29)
-        report.steps.append("the memory guard watches every rank")
-    if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
-        # the image's ID here when it is here: what was shipped to a rank that lacked it
-        last_good.record(loaded, gathered, _serving_memory(group, report), build.local_base_id(gathered.image))
+    _serving(loaded, group, report, gathered, say, seen.watched, verify)
     report.seconds = time.monotonic() - started
     return report
 
 
+def _serving(loaded: Loaded, group: Group, report: UpReport, gathered, say, watched: bool, verify) -> None:
+    """The API answers: verified, the serving guard on every rank (`watched`: the look saw each
+    one at its container already), and the last good start kept."""
+    report.steps.append("the API answers")
+    _verify(loaded, group, report, verify, say)  # before anything counts this start as a good one
+    watched = watched and not report.changed  # a container started now has no guard yet
+    if servguard.start(loaded, group, say=say, watched=watched):  # the rank's own guard from now on (issue 29)
+        report.steps.append("the memory guard watches every rank")
+    if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
+        # the image's ID here when it is here: what was shipped to a rank that lacked it
+        last_good.record(loaded, gathered, _serving_memory(group, report), build.local_base_id(gathered.image))
+
+
 def _serving_memory(group: Group, report: UpReport) -> dict[int, int]:
-    """Each rank's MemAvailable now it serves: the guard's last sample, else read (guard off)."""
+    """Each rank's MemAvailable now it serves: the guard's last sample, else the probe's when
+    nothing was started (it read the engines serving), else read (guard off)."""
     seen = {m.rank: m.samples[-1][1] for m in report.memory if m.samples}
+    if not report.changed and report.gathered is not None:
+        seen = {**{r: f.memory.available for r, f in report.gathered.facts.items() if f and f.memory}, **seen}
     unseen = [c.target.rank for c in group.connections if c.target.rank not in seen]
     read = prep.read_mem_available(group, unseen) if unseen else {}
     return {**seen, **{r: v for r, v in read.items() if isinstance(v, int)}}

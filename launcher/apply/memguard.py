@@ -16,14 +16,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import paramiko
 
 from .. import onrank
 from ..errors import SparkstackError
 from ..inputs import node_settings
 from ..inputs.config import MemoryGuardSettings
 from ..plan.cluster_plan import CONTAINER_NAME
-from ..transport.remote import Connection, Group
+from ..transport.remote import Connection, Group, paramiko  # without invoke: remote._import_paramiko
 
 GIB = 1024 ** 3
 CHECK_TIMEOUT_S = 20

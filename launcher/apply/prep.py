@@ -17,6 +17,7 @@ nothing but the (harmless) cache drop.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import time
@@ -25,6 +26,8 @@ from typing import Callable
 
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
+from ..facts.memory import Memory, parse_meminfo
+from ..facts.parts import FactError
 from ..facts.record import Facts
 from ..inputs import node_settings
 from ..inputs.config import Loaded, no_swap
@@ -214,27 +217,37 @@ def apply(group: Group, preps: dict[int, RankPrep]) -> dict[int, RankPrep]:
 
 def read_mem_available(group: Group, ranks: list[int]) -> dict[int, int | str]:
     """MemAvailable in bytes per rank, or the error that kept it from being read."""
+    return {r: m.available if isinstance(m, Memory) else m for r, m in read_memory(group, ranks).items()}
+
+
+def read_memory(group: Group, ranks: list[int]) -> dict[int, Memory | str]:
+    """Each rank's /proc/meminfo, or the error that kept it from being read."""
     conns = [c for c in group.connections if c.target.rank in ranks]
 
-    def one(c: Connection) -> int | str:
+    def one(c: Connection) -> Memory | str:
         res = c.run(rank_facts.MEMINFO_COMMAND, timeout=10)
-        available = rank_facts.parse_mem_available(res.stdout) if res.ok else None
-        return available if available is not None else res.why()
+        try:
+            return parse_meminfo(res.stdout) if res.ok else res.why()
+        except FactError:
+            return f"{c.target.name}: /proc/meminfo unreadable"
 
     return {o.rank: o.value if o.ok else o.why() for o in Group(conns).gather(one)}
 
 
 def wait_for_memory(group: Group, ranks: list[int], need: int, *, timeout: float = WAIT_TIMEOUT_S,
                     say: Callable[[str], None] = lambda line: None,
-                    poll: float = POLL_S) -> dict[int, int]:
+                    poll: float = POLL_S, memory: dict[int, Memory] | None = None) -> dict[int, int]:
     """Poll until every rank's MemAvailable is at least `need`; PrepError naming the ranks
-    still short (and by how much) at the timeout."""
+    still short (and by how much) at the timeout. `memory`: filled with each rank's last read."""
     deadline = time.monotonic() + timeout
     names = {c.target.rank: c.target.name for c in group.connections}
     while True:
-        seen = read_mem_available(group, ranks)
+        read = read_memory(group, ranks)
+        seen = {r: m.available if isinstance(m, Memory) else m for r, m in read.items()}
         short = {r: v for r, v in seen.items() if not isinstance(v, int) or v < need}
         if not short:
+            if memory is not None:
+                memory.update(read)
             return seen
         if time.monotonic() >= deadline:
             lines = [f"{names[r]}: MemAvailable " + (f"{gib(v)} < {gib(need)} needed" if isinstance(v, int)
@@ -254,6 +267,7 @@ class PrepReport:
     ranks: list[RankPrep]
     need: int | None
     seconds: float = 0.0
+    probed: dict | None = None  # the probe's answers still true after the steps (see prepare)
 
     @property
     def ok(self) -> bool:
@@ -272,16 +286,19 @@ class PrepReport:
 
 
 def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: float = WAIT_TIMEOUT_S,
-            say: Callable[[str], None] = lambda line: None) -> PrepReport:
+            say: Callable[[str], None] = lambda line: None, probed: dict | None = None) -> PrepReport:
     """Gather, plan, apply, wait, over an open Group (what `up` calls). Unreachable ranks are
-    reported, the others still prepared; the wait raises PrepError at its timeout."""
+    reported, the others still prepared; the wait raises PrepError at its timeout. `probed`:
+    this command's probe answers (not probed again). The report's `probed`: the answers still
+    true afterwards, the memory as the wait last read it, for the rest of the command; None
+    when a step other than the drop changed a rank (the caller probes again)."""
     from ..gather import here, probe
     from ..plan import cluster_plan as planning
     from .cluster_lock import ensure_held
 
     started = time.monotonic()
     ensure_held()  # between steps: a command whose lock lapsed stops here (issue 33)
-    gathered = probe.gather(group, loaded)
+    gathered = probed or probe.gather(group, loaded)
     report = PrepReport([], None)
     preps = {}
     for r, g in gathered.items():
@@ -293,12 +310,29 @@ def prepare(loaded: Loaded, group: Group, *, drop: bool = True, wait_timeout: fl
     ensure_held()
     apply(group, preps)
     ready = [r for r, p in preps.items() if p.error is None]
+    memory: dict[int, Memory] = {}
     if drop and ready:
         report.need = planning.memory_need(loaded, here.read_model(loaded)).total
-        for r, v in wait_for_memory(group, ready, report.need, timeout=wait_timeout, say=say).items():
+        for r, v in wait_for_memory(group, ready, report.need, timeout=wait_timeout, say=say,
+                                    memory=memory).items():
             preps[r].mem_available = v
+    report.probed = _still_true(gathered, preps, memory)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _still_true(gathered: dict, preps: dict[int, RankPrep], memory: dict[int, Memory]) -> dict | None:
+    """The probe's answers once the steps ran: the drop changed only the memory (refreshed from
+    the wait's last read); any other step changed what the probe read, so none are kept."""
+    if any(set(p.changed) - {"drop caches"} or p.failed or p.error for p in preps.values()):
+        return None
+    kept = dict(gathered)
+    for r, g in gathered.items():
+        if g.facts is not None and "drop caches" in preps[r].changed:
+            if r not in memory:
+                return None
+            kept[r] = dataclasses.replace(g, facts=dataclasses.replace(g.facts, memory=memory[r]))
+    return kept
 
 
 def run(loaded: Loaded, *, trust_new: bool = False, drop: bool = True,

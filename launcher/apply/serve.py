@@ -92,11 +92,26 @@ def _parse_state(result: Result) -> RankState:
         found = rank_facts.parse_container_state(result.stdout, extra=2)
     except FactError as e:
         return RankState(t.rank, t.address, "unknown", error=f"{t.name}: {e}")
+    return _state_of(t.rank, t.address, found)
+
+
+def _state_of(rank: int, host: str, found: rank_facts.ContainerState | None) -> RankState:
     if found is None:
-        return RankState(t.rank, t.address, "absent")
+        return RankState(rank, host, "absent")
     profile, cluster = (found.extra + (None, None))[:2]
-    return RankState(t.rank, t.address, found.status, found.exit_code, found.oom_killed, found.started_at,
+    return RankState(rank, host, found.status, found.exit_code, found.oom_killed, found.started_at,
                      found.image, found.label, profile=profile, cluster=cluster)
+
+
+def probed_state(rank: int, host: str, raw: dict | None) -> RankState:
+    """A rank's container as its probe read it (gather.probe's `container`)."""
+    if raw is None:
+        return RankState(rank, host, "unknown", error=f"rank {rank} ({host}): the probe did not read the container")
+    try:
+        found = rank_facts.parse_probed_container(raw, PLAN_LABEL, (PROFILE_LABEL, CLUSTER_LABEL))
+    except FactError as e:
+        return RankState(rank, host, "unknown", error=f"rank {rank} ({host}): {e}")
+    return _state_of(rank, host, found)
 
 
 def states(group: Group) -> list[RankState]:

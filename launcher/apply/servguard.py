@@ -70,13 +70,23 @@ def start_script(args: dict) -> str:
             "echo 'the guard did not start:' >&2; tail -n 3 guard.err >&2; exit 1")
 
 
-def start(loaded: Loaded, group: Group, say=print) -> bool:
+def start(loaded: Loaded, group: Group, say=print, watched: bool = False) -> bool:
     """A guard on every rank for its running engine container (idempotent); True when every
-    rank has one. A rank where none could start is said with why; the cluster serves on."""
+    rank has one. A rank where none could start is said with why; the cluster serves on.
+    `watched`: this command's probe saw every rank's guard watching its container already."""
     settings = loaded.cluster.memory_guard.serving
     if not settings.enabled:
         return False
+    failed = [] if watched else _start_each(group, settings)
+    if not failed:
+        say(f"memory guard on every rank while serving: MemFree < {settings.soft_free_gib:g} GiB drops "
+            f"caches, MemAvailable < {settings.hard_available_gib:g} GiB stops that rank's engine")
+    for line in failed:
+        say(f"the memory guard could not start on {line}")
+    return not failed
 
+
+def _start_each(group: Group, settings: ServingGuardSettings) -> list[str]:
     def one(conn: Connection):
         found = conn.run(f"docker inspect -f '{{{{.Id}}}}' {CONTAINER_NAME}", timeout=30)
         if not found.ok or not found.stdout.strip():
@@ -84,13 +94,7 @@ def start(loaded: Loaded, group: Group, say=print) -> bool:
         args = watcher_args(settings, conn.target.user, found.stdout.strip())
         return conn.run(start_script(args), stdin=onrank.source("memwatch"), timeout=START_WAIT_S + 30)
 
-    failed = [f"{r.target.name}: {r.why()}" for r in group.each(one).results if not r.ok]
-    if not failed:
-        say(f"memory guard on every rank while serving: MemFree < {settings.soft_free_gib:g} GiB drops "
-            f"caches, MemAvailable < {settings.hard_available_gib:g} GiB stops that rank's engine")
-    for line in failed:
-        say(f"the memory guard could not start on {line}")
-    return not failed
+    return [f"{r.target.name}: {r.why()}" for r in group.each(one).results if not r.ok]
 
 
 # -- what the guards recorded ---------------------------------------------------------------------

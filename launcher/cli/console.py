@@ -9,20 +9,41 @@ import signal
 import sys
 import threading
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from .. import redact
 from ..errors import SparkstackError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+
+class _OnFirstUse:
+    """A rich Console made the first time it is used: rich costs every command's start ~20 ms
+    of imports, and `check --json`, `--version` or a command that prints nothing never use it."""
+
+    def __init__(self, **options):
+        self._options, self._console = options, None
+
+    def __getattr__(self, name: str):
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
+
+err = _OnFirstUse(stderr=True, highlight=False, soft_wrap=True)
+out = _OnFirstUse(highlight=False, soft_wrap=True)
 
 
 def make_table(*headers: str) -> Table:
     """The one style of every per-rank table: no box, two spaces between columns, a bold header
     row when `headers` name the columns (else the columns come with the first row)."""
+    from rich.table import Table
+
     made = Table(box=None, pad_edge=False, show_header=bool(headers), header_style="bold")
     for header in headers:
         made.add_column(header)
@@ -31,12 +52,16 @@ def make_table(*headers: str) -> Table:
 
 def plain(value) -> Text:
     """A cell shown as it is: a host, an error or a value is never read as rich markup."""
+    from rich.text import Text
+
     return Text("" if value is None else str(value))
 
 
 def print_table(table: Table, console: Console = out) -> None:
     """`table` at its natural width, each row one line with no trailing blanks, whatever the
     terminal's width: a log file, a pipe or a test reads one line per rank."""
+    from rich.text import Text
+
     options = console.options.update(width=10_000, no_wrap=True)
     for line in console.render_lines(table, options, pad=False):
         text = Text.assemble(*((s.text, s.style) for s in line if not s.control))

@@ -8,6 +8,7 @@ connection it holds, and hands the output to the parser.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class ContainerState:
     image: str | None
     label: str | None          # the value of the label asked for
     extra: tuple[str | None, ...] = ()  # the values of the extra labels asked for, in order
+    id: str | None = None      # the container's ID (read by the probe only)
 
 
 def container_state_command(name: str, label: str, extra: tuple[str, ...] = ()) -> str:
@@ -93,6 +95,36 @@ def _state_of(line: str, n_extra: int) -> ContainerState:
         raise ValueError("State.Status, ExitCode or StartedAt of another type")
     return ContainerState(status, code, bool(state.get("OOMKilled")), started, image, label or None,
                           tuple(x if x and x != "<no value>" else None for x in extra))
+
+
+def parse_probed_container(raw: dict, label: str, extra: tuple[str, ...] = ()) -> ContainerState | None:
+    """The probe's `container` part (the whole inspect JSON, from the Engine API or the CLI)
+    as `container_state_command` reads it; None when there is no such container. FactError when
+    Docker did not answer, or answered in another shape."""
+    if "api" in raw:
+        answer = raw["api"]
+        if answer.get("status") == 404:
+            return None
+        if answer.get("status") != 200:
+            raise FactError(f"the Engine API on the container: {answer.get('error') or answer.get('status')}")
+        text = answer.get("body", "")
+    else:
+        answer = raw.get("cli") or {}
+        if answer.get("rc") != 0:
+            said = (answer.get("stderr") or "") + (answer.get("stdout") or "")
+            if "no such" in said.lower():
+                return None
+            raise FactError(f"`docker inspect` of the container: {said.strip()[-200:] or answer}")
+        text = answer.get("stdout", "")
+    try:
+        found = json.loads(text)
+        state, config = found["State"], found["Config"]
+        labels = config.get("Labels") or {}
+        line = "\t".join([json.dumps(state), labels.get(label) or "", config.get("Image") or ""]
+                         + [labels.get(x) or "" for x in extra])
+        return dataclasses.replace(_state_of(line, len(extra)), id=found.get("Id"))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise FactError(f"the container's inspect JSON is not Docker's ({e})") from None
 
 
 # --- memory ------------------------------------------------------------------------------------

@@ -19,14 +19,18 @@ from . import extras, here, probe, staged as staged_mod
 from .value import Gathered
 
 
-def gather(loaded: Loaded, group, image: str | None = None) -> Gathered:
+def gather(loaded: Loaded, group, image: str | None = None,
+           probed: dict[int, probe.RankFacts] | None = None) -> Gathered:
     """Everything `check` judges and `up` plans from, over the open Group. `image`: the serving
-    image's ref to look for instead of the profile's."""
+    image's ref to look for instead of the profile's. `probed`: this command's probe answers
+    still true (`up`'s, prep changed nothing they read): a rank that has one is not probed again."""
     staged: dict[int, dict | str] = {}
 
     def rank(conn) -> tuple[probe.RankFacts, list[extras.PingTarget], extras.Extras | None]:
         """Probe, then at once this rank's pings: no waiting for the slowest rank's probe."""
-        found = probe.probe_rank(conn, loaded)
+        found = (probed or {}).get(conn.target.rank)
+        if found is None or found.facts is None:
+            found = probe.probe_rank(conn, loaded)
         if found.facts is None:
             return found, [], None
         targets = extras.rank_ping_targets(loaded, conn.target.rank, found.facts)
@@ -46,6 +50,14 @@ def gather(loaded: Loaded, group, image: str | None = None) -> Gathered:
     found.targets = {g.rank: extras.resolve_peers(t, facts) for g, t, _ in answers if g.facts is not None}
     found.extras = {g.rank: e for g, _, e in answers if e is not None}
     found.staged = staged
+    return found
+
+
+def from_probe(loaded: Loaded, probed: dict[int, probe.RankFacts], image: str | None = None) -> Gathered:
+    """The plan's part of the value from the probe answers alone (no pings, no staged listing):
+    what `up` compares a serving cluster's containers with. `image`: as `gather`'s."""
+    found = this_host(loaded, image)
+    found.ranks = dict(probed)
     return found
 
 

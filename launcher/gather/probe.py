@@ -36,6 +36,7 @@ class RankFacts:
     facts: Facts | None
     error: str | None
     seconds: float
+    container: dict | None = None  # the serving container as the probe read it, when asked (raw)
 
     @property
     def ok(self) -> bool:
@@ -62,9 +63,14 @@ def probe_args(loaded: Loaded, rank_index: int, model_dir: str | None = None) ->
 
 
 def probe_rank(conn: Connection, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S,
-               model_dir: str | None = None) -> RankFacts:
+               model_dir: str | None = None, container: dict | None = None) -> RankFacts:
+    """`container`: {"name", "watcher_pidfile"} of the serving container to read as well
+    (`up`: whether the cluster already serves as planned, in the same round trip)."""
     t = conn.target
-    command, stdin = facts_mod.invocation(probe_args(loaded, t.rank, model_dir))
+    args = probe_args(loaded, t.rank, model_dir)
+    if container:
+        args["container"] = container
+    command, stdin = facts_mod.invocation(args)
     sent = time.time()
     result = conn.run(command, stdin=stdin, timeout=timeout)
     received = time.time()
@@ -80,7 +86,7 @@ def probe_rank(conn: Connection, loaded: Loaded, timeout: float = PROBE_TIMEOUT_
     except FactError as e:  # a part in a shape the probe never prints: this rank alone fails
         return RankFacts(t.rank, t.label, None, f"{t.name}: the probe's output cannot be used: {e}",
                          result.seconds)
-    return RankFacts(t.rank, t.label, parsed, None, result.seconds)
+    return RankFacts(t.rank, t.label, parsed, None, result.seconds, raw.get("container"))
 
 
 def _why(result) -> str:
@@ -92,12 +98,12 @@ def _why(result) -> str:
 
 
 def gather(group: Group, loaded: Loaded, timeout: float = PROBE_TIMEOUT_S,
-           model_dir: str | None = None) -> dict[int, RankFacts]:
+           model_dir: str | None = None, container: dict | None = None) -> dict[int, RankFacts]:
     """Every rank's facts, probed in parallel: {rank index: RankFacts}; a rank whose probe
     raised has none, and the error, like a rank that did not answer. `model_dir`: the
     checkpoint to read instead of the one the engine reads (`manifest` hashes model.path)."""
     return {o.rank: o.value if o.ok else failed(o)
-            for o in group.gather(lambda c: probe_rank(c, loaded, timeout, model_dir))}
+            for o in group.gather(lambda c: probe_rank(c, loaded, timeout, model_dir, container))}
 
 
 def failed(outcome: RankOutcome) -> RankFacts:

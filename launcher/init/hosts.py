@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import paramiko
 
 from ..errors import SparkstackError
 from ..inputs import node_settings
-from ..transport.remote import Target, fingerprint
+from ..transport.remote import Target, fingerprint, paramiko  # without invoke: remote._import_paramiko
 
 
 class InitError(SparkstackError):

@@ -410,6 +410,26 @@ def nccl_lib(path):
     return out
 
 
+def serving_container(sock, asked, timeout):
+    """The serving container's whole inspect JSON, so `up` on a serving cluster needs no
+    second command: the Engine API's answer (404: none) or, without the socket, the CLI's."""
+    name = asked["name"]
+    if sock:
+        return {"api": docker_get(sock, "/containers/%s/json" % name, timeout)}
+    return {"cli": run(["docker", "inspect", "--format", "{{json .}}", name], timeout)}
+
+
+def watcher_cmdline(asked):
+    """The command line of the process whose pid the watcher's pid file holds (None: none
+    alive): whether the memory guard already watches the serving container."""
+    path = asked.get("watcher_pidfile")
+    pid = read(os.path.expandvars(path)) if path else None
+    if not isinstance(pid, str) or not pid.strip().isdigit():
+        return None
+    line = read("/proc/%s/cmdline" % pid.strip())
+    return line.replace("\0", " ").strip() if isinstance(line, str) else None
+
+
 def parse_args(argv):
     if len(argv) < 2 or not argv[1].strip():
         return {}
@@ -469,6 +489,7 @@ def probe(args):
     # Commands run side by side: the probe costs the slowest one, not their sum.
     futures = {k: Background(run, argv, timeout) for k, argv in commands.items()}
     api = {k: Background(docker_get, sock, e, timeout) for k, e in DOCKER_API.items()} if sock else {}
+    container = Background(serving_container, sock, args["container"], timeout) if args.get("container") else None
     cls = sysfs_class(args.get("sysfs_root") or "/sys")
     nccl = Background(nccl_lib, args.get("nccl_lib"))
     out = {
@@ -498,6 +519,8 @@ def probe(args):
         "route": read("/proc/net/route"),
     }
     out["commands"] = {k: f.result() for k, f in futures.items()}
+    if container is not None:
+        out["container"] = dict(container.result(), watcher=watcher_cmdline(args["container"]))
     out["nccl_lib"] = nccl.result()
     out["docker_api"] = dict({k: f.result() for k, f in api.items()}, socket=sock) if sock else None
     if sock is None:

@@ -29,6 +29,19 @@ class Endpoint:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
+_CLIENT: httpx.Client | None = None
+
+
+def _http() -> httpx.Client:
+    """One client for the process: each new one loads the CA bundle (~30 ms, even for http://),
+    which `httpx.get` did at every request ('up' on a serving cluster asks three times). No
+    connection is kept between requests: an engine restarted meanwhile is asked afresh."""
+    global _CLIENT
+    if _CLIENT is None:
+        _CLIENT = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+    return _CLIENT
+
+
 def endpoint(loaded: Loaded) -> Endpoint:
     """Rank 0's API as the config and profile say (the head serves it), with the key it checks
     (launcher/inputs/apikey.py: the config's, else the one `up` generated)."""
@@ -41,7 +54,7 @@ def endpoint(loaded: Loaded) -> Endpoint:
 def health_check(ep: Endpoint, timeout: float = 3.0) -> tuple[bool, str]:
     """Whether /health answers 200, and what it answered (or why nothing did)."""
     try:
-        r = httpx.get(f"{ep.url}/health", headers=ep.headers, timeout=timeout)
+        r = _http().get(f"{ep.url}/health", headers=ep.headers, timeout=timeout)
     except httpx.HTTPError as e:
         return False, f"{type(e).__name__}: {e}"
     return r.status_code == 200, f"HTTP {r.status_code}"
@@ -79,7 +92,7 @@ def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, wat
 
 
 def _model_listed(ep: Endpoint) -> tuple[bool, str]:
-    r = httpx.get(f"{ep.url}/v1/models", headers=ep.headers, timeout=5)
+    r = _http().get(f"{ep.url}/v1/models", headers=ep.headers, timeout=5)
     if r.status_code != 200:
         return False, f"HTTP {r.status_code}"
     names = [m.get("id") for m in r.json().get("data", [])]
@@ -89,7 +102,7 @@ def _model_listed(ep: Endpoint) -> tuple[bool, str]:
 def _completes(ep: Endpoint) -> tuple[bool, str]:
     body = {"model": ep.model, "max_tokens": 4,
             "messages": [{"role": "user", "content": "Say OK."}]}
-    r = httpx.post(f"{ep.url}/v1/chat/completions", json=body, headers=ep.headers, timeout=60)
+    r = _http().post(f"{ep.url}/v1/chat/completions", json=body, headers=ep.headers, timeout=60)
     if r.status_code != 200:
         return False, f"HTTP {r.status_code}: {r.text[:200]}"
     return bool(r.json().get("choices")), "no choices in the answer"
@@ -135,7 +148,7 @@ def prompt_logprobs(ep: Endpoint, prompt: str | list[int], timeout: float = 300.
     /v1/completions with prompt_logprobs=0 (only each prompt token's own entry). max_tokens is 1:
     vLLM refuses 0, and a prompt that alone does not fit the context is its 400 (ApiRefused)."""
     body = {"model": ep.model, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0}
-    r = httpx.post(f"{ep.url}/v1/completions", json=body, headers=ep.headers, timeout=timeout)
+    r = _http().post(f"{ep.url}/v1/completions", json=body, headers=ep.headers, timeout=timeout)
     if r.status_code != 200:
         raise ApiRefused(f"{ep.url} answered {r.status_code} to POST /v1/completions: "
                          f"{_error_message(r)}", r.status_code)

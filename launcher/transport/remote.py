@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import logging
 import math
 import secrets
 import select
 import shlex
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import paramiko
 from tenacity import (RetryCallState, retry, retry_if_exception, stop_after_attempt, stop_when_event_set,
                       wait_exponential)
 
@@ -35,6 +36,36 @@ from ..errors import SparkstackError
 from ..inputs.config import split_jump
 from .outcome import RankOutcome, values
 from .target import Target
+
+
+def _import_paramiko():
+    """paramiko, without importing invoke at once: paramiko.config imports it only for
+    ssh_config's `Match exec` (which the kit never reads), and it costs every command's start
+    ~40 ms (asyncio and unittest.mock with it). Seen as missing while paramiko imports, then
+    imported on first use, so paramiko behaves as before."""
+    if "invoke" in sys.modules:
+        import paramiko
+        return paramiko
+    sys.modules["invoke"] = None  # paramiko.config records it missing
+    try:
+        import paramiko
+    finally:
+        del sys.modules["invoke"]
+    paramiko.config.invoke, paramiko.config.invoke_import_error = _OnUse("invoke"), None
+    return paramiko
+
+
+class _OnUse:
+    """A module imported the first time one of its attributes is read."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attribute: str):
+        return getattr(importlib.import_module(self._name), attribute)
+
+
+paramiko = _import_paramiko()
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
 KEEPALIVE_S = 15
