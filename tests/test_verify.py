@@ -191,7 +191,7 @@ def fault_site(tmp: Path, fault: str | None) -> dict:
     (site / "vllm" / "model_executor").mkdir(parents=True)
     body = "SANDBOX_PATCH = 'exl3'\n" + (f"SANDBOX_FAULT = {fault!r}\n" if fault else "")
     (site / "vllm" / "model_executor" / "exl3.py").write_text(body)
-    return {"PYTHONPATH": str(site), "SANDBOX_VLLM_TOKENS_PER_S": "200", "SANDBOX_VLLM_TTFT_S": "0.05"}
+    return {"PYTHONPATH": str(site), "SANDBOX_VLLM_TOKENS_PER_S": "200", "SANDBOX_VLLM_TTFT_S": "0.2"}  # long enough that 4 probes overlap on a loaded machine
 
 
 @pytest.fixture

@@ -70,6 +70,13 @@ def test_the_good_chain_serves_verified_and_keeps_a_baseline(sandbox, cfg):
     assert [(e["how"], e["verify"]["status"]) for e in recorded] == [("up", "passed")]
     assert recorded[0]["verify"]["figures"] == report["verify"]["figures"]
     assert "verify passed" in cli("history", "-c", cfg).output
+    # `up` again changes nothing: the history's verdict stands, nothing is asked of the model
+    steady = cli("up", "-c", cfg, "--json")
+    assert steady.exit_code == 0, steady.output
+    kept = json.loads(steady.stdout)
+    assert kept["verify"] == report["verify"] and "verified (when it started)" in kept["steps"]
+    assert "verifying the served model" not in steady.output
+    assert len(history(cfg)) == 1
     loaded = load(Path(cfg))
     baseline = verifying.baseline_path(loaded)
     try:

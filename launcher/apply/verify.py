@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -148,8 +149,14 @@ def chunked(text: str, size: int) -> list[str]:
 def _probe_round(ep: api.Endpoint, n: int) -> list[ProbeAnswer]:
     """n probes sent at once (the list cycled), so that the engine batches them."""
     probes = [judging.PROBES[i % len(judging.PROBES)] for i in range(n)]
+    together = threading.Barrier(n)  # each thread leaves only once all n are ready: one batch
+
+    def ask(p):
+        together.wait(timeout=30)
+        return api.greedy(ep, p.prompt, p.max_tokens)
+
     with ThreadPoolExecutor(max_workers=n) as pool:
-        replies = list(pool.map(lambda p: api.greedy(ep, p.prompt, p.max_tokens), probes))
+        replies = list(pool.map(ask, probes))
     return [ProbeAnswer(p.name, n, p.expected, got, judging.answered(p, got)) for p, got in zip(probes, replies)]
 
 
