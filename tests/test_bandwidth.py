@@ -5,7 +5,8 @@ torch: every rank's row is a WARN "not measured").
 
 The output fixtures are the script's real lines: RUN_A_* and NCCL_DEBUG_OUT were printed on two
 H200s (torch 2.11.0+cu130, NCCL 2.28.9), the error lines there too and on the sandbox, the docker
-errors by the sandbox ranks' Docker 20.10.
+errors by the sandbox ranks' Docker 26.1 (Debian trixie's docker.io, a current engine as on a
+Spark; `docker run --pull never`).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ DEADLINE = ('{"bytes": 268435456, "correct": false, "device": "cuda:0", "device_
             '"stage": "rendezvous", "timeout": true, "torch_version": "2.11.0+cu130", "world": 2}')
 NO_IMAGE = ("docker: Error response from daemon: No such image: nosuch/image:tag.\n"
             "See 'docker run --help'.\n")
-NO_PYTHON = ('docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc '
+NO_PYTHON = ('docker: Error response from daemon: failed to create task for container: failed to create shim '
+             'task: OCI runtime create failed: runc '
              'create failed: unable to start container process: exec: "python3x": executable file not found '
              'in $PATH: unknown.\n')
 

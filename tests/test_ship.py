@@ -23,6 +23,9 @@ from launcher.images.local_docker import connect
 from launcher.cli.commands import main
 
 RUN_ID = uuid.uuid4().hex[:8]
+# `spark`'s sshd session processes (pkill -f, an ERE): "sshd: spark..." up to OpenSSH 9 (Ubuntu
+# 24.04's, DGX OS), "sshd-session: spark..." from OpenSSH 9.8 (Debian trixie's, the sandbox ranks')
+SSH_SESSIONS = "^sshd(-session)?: spark"
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +281,7 @@ def test_sshd_killed_mid_ship(sandbox, client, big):
         with group_of(sandbox) as group:
             # the rank's sshd sessions die (the listener stays, as after `systemctl restart ssh`)
             by_rank = ship_with_fault(group, client, ref, "sparkstack-spark2",
-                                      lambda c: c.exec_run(["pkill", "-f", "sshd: spark"]))
+                                      lambda c: c.exec_run(["pkill", "-f", SSH_SESSIONS]))
     finally:
         undo()
     assert [by_rank[i].status for i in (0, 2, 3)] == ["shipped"] * 3
@@ -300,7 +303,7 @@ def test_sshd_killed_mid_ship_of_an_image_no_rank_has(sandbox, client, tmp_path,
     try:
         with group_of(sandbox) as group:
             by_rank = ship_with_fault(group, client, ref, "sparkstack-spark2",
-                                      lambda c: c.exec_run(["pkill", "-f", "sshd: spark"]))
+                                      lambda c: c.exec_run(["pkill", "-f", SSH_SESSIONS]))
         undo()
         assert [by_rank[i].status for i in (0, 2, 3)] == ["shipped"] * 3, [r.error for r in by_rank.values()]
         assert by_rank[1].status == "failed" and by_rank[1].error.startswith("rank 1 (spark2): connection lost")

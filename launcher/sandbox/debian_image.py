@@ -2,8 +2,8 @@
 
 Each image is built in two steps:
 
-1. a *root filesystem* stage: ``mmdebstrap`` (bookworm, ``--variant=minbase`` plus a package
-   list) writes a tarball that ``docker import`` turns into an image tagged by the hash of the
+1. a *root filesystem* stage: ``mmdebstrap`` (``--variant=minbase`` plus a package list; the
+   ranks on trixie, for its current Docker Engine, the stand-in on bookworm) writes a tarball that ``docker import`` turns into an image tagged by the hash of the
    recipe (suite, variant, packages, options) -- e.g. ``sparkstack-sandbox-rankfs:<hash>``.
    This is the slow part (about a minute per image on 2 cores) and changes almost never.
 2. a *files* stage: a tiny ``docker build`` on top that only COPYs the sandbox's own files
@@ -31,6 +31,10 @@ from pathlib import Path
 from .errors import SandboxError
 
 SUITE = "bookworm"
+# The ranks stand for Sparks, whose DGX OS ships a current Docker Engine: Debian trixie's docker.io
+# (26.1) is the closest reachable here -- containerd's OCI-layout `docker save`/`load` and its error
+# wording, as on a Spark. The stand-in image stays on bookworm (it stands for the serving image).
+RANK_SUITE = "trixie"
 VARIANT = "minbase"
 LABEL = "org.sparkstack.sandbox"
 STANDIN_LABEL = "org.sparkstack.standin"
@@ -122,7 +126,9 @@ class FilesStage:
 # The two images
 
 RANK_PACKAGES = (
-    "openssh-server", "docker.io", "python3", "iproute2", "procps", "mount", "util-linux",
+    "openssh-server", "docker.io",
+    "docker-cli",  # trixie's docker.io only recommends its CLI, and the recipe installs no recommends
+    "python3", "iproute2", "procps", "mount", "util-linux",
     "sudo", "ca-certificates", "iptables", "kmod", "curl", "less", "iputils-ping",
     "docker-registry",  # `ship --relay` runs a registry cache on rank 0, as a Spark would after
                         # `apt install docker-registry`
@@ -280,11 +286,11 @@ _RANK_HOOKS = [
 ]
 _STANDIN_HOOKS = ['rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin']
 
-RANK_FS = RootfsRecipe("sparkstack-sandbox-rankfs", RANK_PACKAGES)
+RANK_FS = RootfsRecipe("sparkstack-sandbox-rankfs", RANK_PACKAGES, suite=RANK_SUITE)
 # The bare sandbox's ranks (`sandbox up --bare`, for `sparkstack init`) also carry Debian's real
 # netplan (netplan.io): `netplan generate` parses the fabric file init writes, strictly and with
 # netplan's own messages. Its own repository, so the normal sandbox's image is left as it is.
-RANK_FS_BARE = RootfsRecipe("sparkstack-sandbox-rankfs-bare", RANK_PACKAGES + ("netplan.io",))
+RANK_FS_BARE = RootfsRecipe("sparkstack-sandbox-rankfs-bare", RANK_PACKAGES + ("netplan.io",), suite=RANK_SUITE)
 # Every rank extracts the stand-in image at each `up` (docker load into its own store), and on
 # this disk that costs ~2 ms per file: leave out the files a Python stand-in never reads
 # (time zones, iconv modules, shell completion, lintian overrides), ~1300 of ~5500 files.

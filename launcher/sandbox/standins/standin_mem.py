@@ -3,7 +3,8 @@
 rank's 128 GB of unified memory, as /proc/meminfo shows it. Not a kernel: a small daemon
 (`/usr/local/sbin/sandbox-meminfo` in each rank, started by the rank's init) that owns the rank's
 meminfo file (bind-mounted over /proc/meminfo in the rank and in every container it starts) and
-recomputes it ten times a second. Standard library only (Debian bookworm's python3).
+recomputes it ten times a second. Standard library only (Debian's python3: trixie's on the ranks,
+bookworm's in the stand-in image).
 
 The model, in kB:
   MemFree      = MemTotal - base - held - pinned - page cache
