@@ -217,3 +217,21 @@ def test_heads_tensor_parallelism_does_not_divide_are_refused_in_the_plan(write_
     engine_conf.refuse_heads(loaded, ModelLimits.from_config({"num_attention_heads": 64}), 4)  # GLM-5: 64
     engine_conf.refuse_heads(loaded, GLM, 4)  # heads not known: not judged
     engine_conf.refuse_heads(loaded, two, 1)
+
+
+def test_only_a_yes_is_remembered_and_only_for_the_same_question(tmp_path):
+    """check gives back the image's yes to the very same question (image ID, argv, env, config.json)
+    instead of a `docker run` on rank 0; a no is asked afresh every time."""
+    from launcher.gather import engine_config as ec
+
+    key = ec.question_key(["docker", "run", "img"], ["vllm", "serve", "m"], b"A=1\n", "sha256:1", "c0")
+    assert key != ec.question_key(["docker", "run", "img"], ["vllm", "serve", "m"], b"A=1\n", "sha256:2", "c0")
+    assert key != ec.question_key(["docker", "run", "img"], ["vllm", "serve", "m"], b"A=2\n", "sha256:1", "c0")
+    assert key != ec.question_key(["docker", "run", "img"], ["vllm", "serve", "m"], b"A=1\n", "sha256:1", "c1")
+    ec.remember(tmp_path, key, ec.EngineAnswer(False, "ValueError: no", 0.6, "img"))
+    assert ec.remembered(tmp_path, key) is None
+    ec.remember(tmp_path, key, ec.EngineAnswer(True, "max_model_len=65536", 0.6, "img"))
+    back = ec.remembered(tmp_path, key)
+    assert back.ok and back.message == "max_model_len=65536" and back.asked_at.endswith("UTC")
+    (tmp_path / f"{key}.json").write_text("{not json")
+    assert ec.remembered(tmp_path, key) is None

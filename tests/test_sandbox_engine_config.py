@@ -155,6 +155,9 @@ def test_the_engine_config_row_on_the_sandbox(loaded, ranks, planned, sandbox):
     found = next(c for c in report.ranks[0].checks if c.name == "engine config")
     assert found.status == "pass" and "takes the planned argv" in found.value, found
     assert all("engine config" not in [c.name for c in r.checks] for r in report.ranks[1:])
+    # asked again with the same image, argv, env and config.json: the yes is given back, not asked
+    again = next(c for c in preflight.run(loaded).ranks[0].checks if c.name == "engine config")
+    assert again.status == "pass" and "remembered from" in again.value, again
 
 
 def test_up_stops_on_the_engines_refusal_before_starting(loaded, ranks, planned):

@@ -77,17 +77,28 @@ def ask_engine(inp: Gathered, group, the_plan) -> None:
         inp.engine_unasked = (f"the checkpoint is not in place on rank 0 ({inp.loaded.cluster.model.serving_path}): "
                               "see the checkpoint row (and staged, with model.local_path)")
         return
-    inp.engine_answer = ask_rank0(group, the_plan)
+    inp.engine_answer = ask_rank0(group, the_plan, (f0.docker.image(the_plan.image).id, f0.checkpoint.config_sha256))
 
 
-def ask_rank0(group, the_plan):
-    """Rank 0's planned argv to the serving image's engine (the image must be on rank 0)."""
+def ask_rank0(group, the_plan, known: tuple[str, str] | None = None):
+    """Rank 0's planned argv to the serving image's engine (the image must be on rank 0).
+    `known`: rank 0's image ID and config.json's sha256, as just probed: a yes to this very
+    question is then given back as remembered (engine_config.remembered), not asked again."""
     from ..gather import engine_config
+    from ..inputs import apikey
     from ..plan.cluster_plan import env_file
 
     conn = next(c for c in group.connections if c.target.rank == 0)
     rank0 = the_plan.ranks[0]
-    return engine_config.ask(conn, rank0.docker_run, rank0.engine, env_file(rank0.env, "rank 0"))
+    env = env_file(rank0.env, "rank 0")
+    store = apikey.state_dir() / "engine-answers"
+    key = engine_config.question_key(rank0.docker_run, rank0.engine, env, *known) if known else None
+    answer = engine_config.remembered(store, key) if key else None
+    if answer is None:
+        answer = engine_config.ask(conn, rank0.docker_run, rank0.engine, env)
+        if key:
+            engine_config.remember(store, key, answer)
+    return answer
 
 
 def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None,

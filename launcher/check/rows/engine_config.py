@@ -54,7 +54,8 @@ def _check_engine_config(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     if answer.ok is None:
         rr.add(NAME, Status.WARN, f"not asked: {answer.error}", "fix the image row first")
         return
-    took = f"{answer.seconds:.1f} s in {answer.image}"
+    took = f"{answer.seconds:.1f} s in {answer.image}" + (
+        f"; remembered from {answer.asked_at}: the same image, argv, env and config.json" if answer.asked_at else "")
     if answer.ok:
         rr.add(NAME, Status.PASS, f"the image's engine takes the planned argv ({answer.message}; {took})")
     else:
