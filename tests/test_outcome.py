@@ -127,7 +127,7 @@ def test_an_interrupt_cancels_every_rank_at_once():
 
 
 def test_a_rank_whose_probe_raised_has_no_facts_and_the_others_keep_theirs(monkeypatch):
-    def probe(conn, loaded, timeout, model_dir=None):
+    def probe(conn, loaded, timeout, model_dir=None, container=None):
         if conn.target.rank == 2:
             raise KeyError("nccl")
         return gather.RankFacts(conn.target.rank, conn.target.label, None, None, 0.1)

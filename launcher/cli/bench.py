@@ -150,7 +150,7 @@ def _measure_with_progress(target, settings):
     columns = (TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("requests"), TimeElapsedColumn())
     # Off when stderr is not a terminal: a log file gets the results, not a redrawn bar.
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+    with Progress(*columns, console=err.console, transient=True, disable=not err.is_terminal) as progress:
         bar = progress.add_task(f"connecting to {target.url}", total=settings.total_requests)
         return bench_mod.measure(
             target, settings, lambda what, n: progress.update(bar, description=what, advance=n))

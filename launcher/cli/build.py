@@ -110,7 +110,7 @@ class _BuildDisplay:
             from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
             self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                     TimeElapsedColumn(), console=err, transient=True,
+                                     TimeElapsedColumn(), console=err.console, transient=True,
                                      disable=not err.is_terminal)
             self.progress.start()
         return self

@@ -28,11 +28,17 @@ class _OnFirstUse:
         self._options, self._console = options, None
 
     def __getattr__(self, name: str):
+        return getattr(self.console, name)
+
+    @property
+    def console(self) -> Console:
+        """The Console itself: what rich's Live, Progress and `with` want (no dunder reaches
+        __getattr__)."""
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
-        return getattr(self._console, name)
+        return self._console
 
 
 err = _OnFirstUse(stderr=True, highlight=False, soft_wrap=True)

@@ -75,7 +75,7 @@ def _keys():
 def _live(t, interval: float) -> None:
     from rich.live import Live
 
-    with _keys() as fd, Live(_render(t.read()), console=out, auto_refresh=False, screen=True) as live:
+    with _keys() as fd, Live(_render(t.read()), console=out.console, auto_refresh=False, screen=True) as live:
         try:
             while True:
                 ready = select.select([fd] if fd is not None else [], [], [], interval)[0]
