@@ -182,3 +182,21 @@ def test_flags_carry_their_source(write_config):
     assert sources["tensor_parallel_size"] == vllm_flags.PROFILE
     # the source is not part of what a flag is: the same option from elsewhere is equal
     assert vllm_flags.Flag("--max-num-seqs", ("2",), source="plan") == vllm_flags.find(loaded.flags, "max_num_seqs")
+
+
+def test_a_need_the_image_met_is_not_asked_again_by_image_id(tmp_path, monkeypatch):
+    """An image by ID never changes: the `docker run` that found its vLLM new enough is not run
+    again for that ID; another ID, or one that failed, is asked afresh."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    (need,) = vllm_native.ENGINE.image_needs(4)
+    conn = Conn(Ran(True, "vllm 0.28.0\n"))
+    serve.require_image(conn, "img:1", need, "sha256:aa")
+    serve.require_image(conn, "img:1", need, "sha256:aa")
+    assert len(conn.commands) == 1
+    serve.require_image(conn, "img:1", need, "sha256:bb")
+    assert len(conn.commands) == 2
+    old = Conn(Ran(True, "0.10.2"))
+    for _ in range(2):
+        with pytest.raises(serve.StartFailed):
+            serve.require_image(old, "img:2", need, "sha256:cc")
+    assert len(old.commands) == 2  # a no is never kept

@@ -92,6 +92,7 @@ class ClusterLock:
         self._acked = 0.0  # when the last answered heartbeat left (the holder's clock ran from then)
         self._gone: str | None = None  # why the holder is known to be gone
         self._wake: tuple[int, int] | None = None  # written at the end: the heartbeat's select returns at once
+        self.waited = False  # set on entering: it waited, or took a lapsed lock over
 
     def __enter__(self) -> "ClusterLock":
         deadline = time.monotonic() + self.wait_s
@@ -111,6 +112,7 @@ class ClusterLock:
                 self.say(f"waiting for the cluster lock: {describe(answer.get('holder'))} holds it")
                 told = True
             time.sleep(RETRY_S)
+        self.waited = told or bool(answer.get("previous"))  # someone else may have changed the cluster
         if answer.get("previous"):
             self.say(f"note: took over the cluster lock left by {describe(answer['previous'])}: "
                      "its holder stopped answering")

@@ -48,9 +48,13 @@ class UpReport:
     entry: history.Entry | None = None  # what was recorded in the deploy history
     plan: planning.Plan | None = None
     gathered: object = None
+    image_ids: dict[int, str] | None = None  # each rank's serving image ID once images are settled
+    waited_s: float = 0.0  # of `seconds`: the wait for the API (the engines' own start)
+    verify_s: float = 0.0  # of `seconds`: the verification
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
+                "waited_s": round(self.waited_s, 2), "verify_s": round(self.verify_s, 2),
                 "memory": [m.to_json() for m in self.memory], "verify": self.verify,
                 "history_entry": self.entry.id if self.entry else None}
 
@@ -66,17 +70,18 @@ def group_for(loaded: Loaded, trust_new: bool = False, say=print) -> Group:
 
 def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: float = 900,
        say=print, verify=None, image: str | None = None, how: str = "up",
-       record: bool = True, report: UpReport | None = None) -> UpReport:
+       record: bool = True, report: UpReport | None = None, ahead: steady.Ahead | None = None) -> UpReport:
     """prep → gather → plan → judge (a failed row starts nothing) → images → start → wait
     → verify → record (module docstring). `verify(loaded)`: the verification (apply/verify.py
     `quick`), a result with `.ok` that history.verdict keeps; None: none available, recorded as
     such; False: skipped on purpose (`--no-verify`), recorded as that. One that fails stops every
     rank and raises VerifyFailed. `image`: serve this ref, already on every rank (rollback),
     instead of the profile's (nothing built or shipped). `record`: add the deploy to the history.
-    `report`: filled as it goes (the caller keeps what was planned when it raises)."""
+    `report`: filled as it goes (the caller keeps what was planned when it raises). `ahead`: the
+    look and API question begun before the cluster lock was taken (steady.Ahead)."""
     report = report or UpReport()
     try:
-        _up(loaded, group, report, restart, wait_timeout, say, image, verify)
+        _up(loaded, group, report, restart, wait_timeout, say, image, verify, ahead)
     except KeyboardInterrupt:
         raise Interrupted(_after_interrupt(group, report, say)) from None
     except SparkstackError as e:
@@ -108,11 +113,13 @@ def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None
         return
     say("verifying the served model (the quick form of `sparkstack verify`; --no-verify skips it)")
     report.starting = True  # Ctrl+C while verifying stops every rank too
+    started = time.monotonic()
     try:
         result = verify(loaded)
     except SparkstackError as e:  # could not verify: not called serving either
         raise VerifyFailed(f"the verification could not run: {e.message}\nthe model is not serving: "
                            f"{serve.stop_and_say(group)}") from None
+    report.verify_s = time.monotonic() - started
     report.verify = history.verdict(result)
     if hasattr(result, "summary"):
         say("  " + result.summary())
@@ -129,8 +136,10 @@ def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
     """A good deploy into the history, unless the last entry is this very deploy (an `up` that
     found it running as planned, or a restart of it after a boot or by the supervisor, adds
     nothing: the history is of what changed)."""
-    # nothing started, nothing shipped: the probe's image listing still holds (no round trip)
-    listed = None if report.changed else _images_seen(report.gathered, report.plan.image)
+    # nothing started, nothing shipped: the probe's image listing still holds; a start knows
+    # each rank's ID from the images step (no round trip either way)
+    listed = _images_seen(report.gathered, report.plan.image) if not report.changed else (
+        {r: {report.plan.image: i} for r, i in report.image_ids.items()} if report.image_ids else None)
     entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify, listed=listed)
     path = history.path_for(loaded)
     entries = history.load(path)
@@ -168,11 +177,12 @@ def _after_interrupt(group: Group, report: UpReport, say) -> str:
 
 
 def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_timeout: float,
-        say, image: str | None = None, verify=None) -> UpReport:
+        say, image: str | None = None, verify=None, ahead: steady.Ahead | None = None) -> UpReport:
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
-    seen = steady.look(loaded, group, image)  # ONE probe per rank: serving as planned already?
-    if seen.as_planned and not restart and steady.answers(loaded, say):
+    # ONE probe per rank: serving as planned already?
+    seen = ahead.look() if ahead is not None and image is None else steady.look(loaded, group, image)
+    if seen.as_planned and not restart and steady.answers(loaded, say, ahead):
         say("already running as planned: nothing to change (--restart forces a new start)")
         gathered = report.gathered = seen.gathered
         report.plan = seen.plan
@@ -209,19 +219,25 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         if guard.settings.enabled:
             memguard.require_relief(group)  # before a byte is shipped or an engine started
         ensure_held()
+        seen_ids = _images_seen(gathered, the_plan.image)
         if image is None:  # a pinned image (rollback) is on every rank already: checked before
-            _ensure_images(loaded, the_plan.image, group, report, say, seen=_images_seen(gathered, the_plan.image))
+            report.image_ids = _ensure_images(loaded, the_plan.image, group, report, say, seen=seen_ids)
+        elif seen_ids is not None:
+            report.image_ids = {r: have.get(the_plan.image) for r, have in seen_ids.items()}
         ensure_held()
         # Ray's head starts first; native vLLM and TensorFold (as its recipe does): ranks > 0 first
         engine = loaded.engine
+        rank0_id = (report.image_ids or {}).get(0)
         for need in engine.image_needs(len(the_plan.ranks)):
-            serve.require_image(group.connections[0], the_plan.image, need)
-        _engine_takes_the_argv(loaded, group, the_plan, report, say)
+            serve.require_image(group.connections[0], the_plan.image, need, rank0_id)
+        _engine_takes_the_argv(loaded, group, the_plan, report, say, rank0_id)
         say(f"starting {loaded.profile.name} on {len(the_plan.ranks)} ranks"
             + (f" ({engine.shown_as})" if engine.shown_as else ""))
         report.starting = True
+        absent = bool(current) and all(s.state == "absent" for s in current)  # as the probe read them
         try:
-            _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, engine.head_first)
+            _start_guarded(loaded, group, the_plan, report, wait_timeout, say, guard, engine.head_first,
+                           clear=not absent)
         except memguard.MemoryFloor as e:
             raise memguard.MemoryFloor(f"{e.message}\n{serve.stop_and_say(group)}") from None
     _serving(loaded, group, report, gathered, say, seen.watched, verify)
@@ -275,15 +291,25 @@ def _serving_memory(group: Group, report: UpReport) -> dict[int, int]:
     return {**seen, **{r: v for r, v in read.items() if isinstance(v, int)}}
 
 
-def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan, report: UpReport, say) -> None:
+def _engine_takes_the_argv(loaded: Loaded, group: Group, the_plan: planning.Plan, report: UpReport, say,
+                           rank0_id: str | None = None) -> None:
     """check's engine config row, asked now that the image is on rank 0: the image's own engine
-    configures the planned argv (seconds, no weights); its refusal stops `up` before anything starts."""
+    configures the planned argv (seconds, no weights); its refusal stops `up` before anything starts.
+    `rank0_id`: the image's ID on rank 0, when known: a yes to this very question (the same ID,
+    argv, env and config.json) is then given back as `check` remembered it, not asked again."""
     from .preflight import ask_rank0
     from ..check.rows.engine_config import fix_for
 
-    answer = ask_rank0(group, the_plan)
+    f0 = report.gathered.facts.get(0) if report.gathered is not None else None
+    sha = f0.checkpoint.config_sha256 if f0 is not None and f0.checkpoint is not None else None
+    answer = ask_rank0(group, the_plan, (rank0_id, sha) if rank0_id and sha else None)
     if answer.ok is None:
         say(f"the image's engine was not asked: {answer.error}")
+        return
+    if answer.asked_at:
+        say(f"the image's engine takes the planned argv (as it answered at {answer.asked_at}: "
+            "the same image, argv, env and config.json)")
+        report.steps.append("the image's engine took the planned argv")
         return
     if not answer.ok:
         raise CheckFailed(f"check failed; nothing was started:\nrank 0 ({group.connections[0].target.name}) "
@@ -350,12 +376,13 @@ def _refuse_foreign(current: list[serve.RankState], loaded: Loaded, say) -> None
 
 
 def _start_guarded(loaded: Loaded, group: Group, the_plan, report: UpReport, wait_timeout: float,
-                   say, guard: memguard.MemoryGuard, ray: bool) -> None:
+                   say, guard: memguard.MemoryGuard, ray: bool, clear: bool = True) -> None:
     """Start and wait with every rank's memory watched; a rank the guard stopped is reported as
-    that (MemoryFloor), not as an engine that merely exited."""
+    that (MemoryFloor), not as an engine that merely exited. `clear`: remove old containers first
+    (False: this command's probe found none, and the cluster lock kept it so)."""
     with guard:
         try:
-            serve.start(the_plan, group, say=say, head_first=ray)
+            serve.start(the_plan, group, say=say, head_first=ray, clear=clear)
             report.steps.append("started every rank")
             _wait(loaded, group, report, wait_timeout, say, guard, the_plan.load)
         except memguard.MemoryFloor:
@@ -378,8 +405,10 @@ def _wait(loaded: Loaded, group: Group, report: UpReport, wait_timeout: float, s
         progress()
 
     say("waiting for the API")
+    started = time.monotonic()
     try:
         api.wait_ready(api.endpoint(loaded), wait_timeout, say=say, watch=watch)
+        report.waited_s = time.monotonic() - started
     except api.NotServing as e:
         problems = [serve.diagnose(group, s) for s in serve.states(group)]  # before the stop
         stopped = f"; {serve.stop_and_say(group)}" if report.changed else ""
@@ -388,16 +417,18 @@ def _wait(loaded: Loaded, group: Group, report: UpReport, wait_timeout: float, s
 
 
 def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, say,
-                   seen: dict[int, dict[str, str]] | None = None) -> None:
+                   seen: dict[int, dict[str, str]] | None = None) -> dict[int, str]:
     """Build and ship only when a rank lacks the serving image (by image ID). `seen`: each
     rank's image IDs as this command's probe listed them (one probe per rank per command);
-    else the ranks are asked."""
+    else the ranks are asked. Returns each rank's image ID now (a shipped rank is tagged only
+    once its ID equals this host's)."""
     try:
         ids = ship.local_image_ids([image])  # Docker's socket: docker-py is not imported
     except SparkstackError:
         if loaded.profile.image.prebuilt:
-            if _on_every_rank(image, group, say):
-                return  # pulled or loaded on the ranks themselves: nothing to ship from here
+            found = _on_every_rank(image, group, say)
+            if found:
+                return {c.target.rank: found for c in group.connections}  # pulled or loaded there
             raise
         say(f"building {image}")
         build.build_chain(local_docker.connect(), build.local_chain(loaded))
@@ -416,17 +447,19 @@ def _ensure_images(loaded: Loaded, image: str, group: Group, report: UpReport, s
     if failed:
         raise SparkstackError("cannot put the image on every rank, nothing was started:\n"
                               + "\n".join(r.error or f"rank {r.rank}: failed" for r in failed))
+    return {r.rank: ids[image] for r in shipment.ranks}
 
 
-def _on_every_rank(image: str, group: Group, say) -> bool:
-    """A prebuilt image absent here is fine when every rank has it under one image ID."""
+def _on_every_rank(image: str, group: Group, say) -> str | None:
+    """A prebuilt image absent here is fine when every rank has it under one image ID: that ID."""
     found = ranks.image_ids(group, [image])
     ids = {have.get(image) if have else None for _t, have, _why in found}
     if len(ids) == 1 and None not in ids:
-        say(f"{image} is not on this host, but every rank has it ({ids.pop().removeprefix('sha256:')[:12]}): "
+        image_id = ids.pop()
+        say(f"{image} is not on this host, but every rank has it ({image_id.removeprefix('sha256:')[:12]}): "
             "nothing to ship")
-        return True
-    return False
+        return image_id
+    return None
 
 
 def down(loaded: Loaded, group: Group, say=print, wait_timeout: float = prep.WAIT_TIMEOUT_S) -> list[str]:

@@ -85,13 +85,12 @@ def ask_rank0(group, the_plan, known: tuple[str, str] | None = None):
     `known`: rank 0's image ID and config.json's sha256, as just probed: a yes to this very
     question is then given back as remembered (engine_config.remembered), not asked again."""
     from ..gather import engine_config
-    from ..inputs import apikey
     from ..plan.cluster_plan import env_file
 
     conn = next(c for c in group.connections if c.target.rank == 0)
     rank0 = the_plan.ranks[0]
     env = env_file(rank0.env, "rank 0")
-    store = apikey.state_dir() / "engine-answers"
+    store = None  # launcher/inputs/answers.py's
     key = engine_config.question_key(rank0.docker_run, rank0.engine, env, *known) if known else None
     answer = engine_config.remembered(store, key) if key else None
     if answer is None:

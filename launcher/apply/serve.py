@@ -20,6 +20,7 @@ from ..engines import ImageNeed
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
 from ..facts.parts import FactError
+from ..inputs import answers
 from ..plan import caches
 from ..plan.cluster_plan import CONTAINER_NAME, Plan, RankPlan, env_file
 from ..transport.remote import Connection, Group, Result
@@ -159,9 +160,21 @@ def stop_and_say(group: Group) -> str:
             + ": run `sparkstack down` once it answers")
 
 
-def require_image(conn: Connection, image: str, need: ImageNeed) -> None:
-    """Refuse, before anything starts, an image without what the engine needs (engines.ImageNeed)."""
+def require_image(conn: Connection, image: str, need: ImageNeed, image_id: str | None = None) -> None:
+    """Refuse, before anything starts, an image without what the engine needs (engines.ImageNeed).
+    `image_id`: the image's ID on the rank, when known: an image by ID never changes, so a need
+    it met once is met (kept on this host, launcher/inputs/answers.py) and not asked again
+    (a `docker run`, ~0.5 s of every start)."""
+    key = answers.key("image-need", image_id, list(need.argv), need.min_version) if image_id else None
+    if key and answers.known(key) is not None:
+        return
     r = conn.run(f"docker run --rm --network none {shlex.quote(image)} {shlex.join(need.argv)}", timeout=300)
+    _judge_need(conn, image, need, r)
+    if key:
+        answers.keep(key, {"image": image, "stdout": r.stdout[-200:]})
+
+
+def _judge_need(conn: Connection, image: str, need: ImageNeed, r: Result) -> None:
     if need.min_version is None:
         if not r.ok:
             raise StartFailed(need.missing.format(host=conn.target.name, image=image, why=r.why()))
@@ -176,13 +189,15 @@ def require_image(conn: Connection, image: str, need: ImageNeed) -> None:
                                               need=".".join(map(str, need.min_version))))
 
 
-def start(plan: Plan, group: Group, say=print, head_first: bool = False) -> list[RankState]:
+def start(plan: Plan, group: Group, say=print, head_first: bool = False, clear: bool = True) -> list[RankState]:
     """Workers first (ranks 1..n-1, headless), then the head (rank 0) -- or, for Ray
     (`head_first`), the head and then the workers that join it. Any failure stops every rank
     and raises StartFailed with each failed rank's diagnosis. A rank that dies later, while the
-    model loads, is caught by `watch` (called while waiting for the API)."""
+    model loads, is caught by `watch` (called while waiting for the API). `clear`: remove the old
+    containers first (False: the caller's probe, under the cluster lock, found none; one there
+    after all fails its rank's `docker run` on the name, and every rank is stopped)."""
     by_rank = {c.target.rank: c for c in group.connections}
-    leftovers = stop(group)
+    leftovers = stop(group) if clear else []
     if leftovers:
         raise StartFailed("cannot clear the old serving containers:\n"
                           + "\n".join(f"{r.target.name}: {r.why()}" for r in leftovers))

@@ -19,6 +19,7 @@ the history records are the probe's listing (nothing was shipped).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import prep, serve, servguard
@@ -112,8 +113,36 @@ def _container_id(raw: dict) -> str | None:
     return found.id if found else None
 
 
-def answers(loaded: Loaded, say) -> bool:
-    """The API answers as `up`'s wait asks it (health, the model listed, a completion)."""
+class Ahead:
+    """`up`'s look and one pass of its API question, under way while the cluster lock is taken:
+    both only read, and a lock taken at once means nobody changed the cluster meanwhile (the
+    caller drops them when it had to wait, or took a lapsed lock over)."""
+
+    def __init__(self, loaded: Loaded, group: Group):
+        self._pool = ThreadPoolExecutor(max_workers=2)
+        self._look = self._pool.submit(look, loaded, group)
+        self._api = self._pool.submit(api.answers_now, api.endpoint(loaded))
+        self._pool.shutdown(wait=False)
+
+    def look(self) -> Look:
+        return self._look.result()
+
+    def answered(self) -> list[str] | None:
+        """What the API check said when the API answered every step at once, else None."""
+        try:
+            return self._api.result()
+        except Exception:  # noqa: BLE001 -- the real question is asked again
+            return None
+
+
+def answers(loaded: Loaded, say, ahead: Ahead | None = None) -> bool:
+    """The API answers as `up`'s wait asks it (health, the model listed, a completion).
+    `ahead`: its pass taken beside the look, kept when every step answered."""
+    said = ahead.answered() if ahead is not None else None
+    if said is not None:
+        for line in said:
+            say(line)
+        return True
     try:
         api.wait_ready(api.endpoint(loaded), API_TIMEOUT_S, say=say)
     except api.NotServing as e:

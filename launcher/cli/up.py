@@ -52,20 +52,16 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout,
     cause with what changed since the last good start); `sparkstack metrics serve` exports them.
     Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
-    from ..apply import cluster_lock, deploy, verify as verifying
-    from ..errors import SparkstackError
+    from ..apply import cluster_lock, deploy, steady
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if keep:
         return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, no_verify)
-    with deploy.group_for(loaded, trust_new_hosts, say) as group, cluster_lock.held(loaded, group, wait_lock, say):
-        try:
-            report = deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say,
-                               verify=verifying.chosen(no_verify))
-        except SparkstackError as e:
-            if as_json and getattr(e, "since", None):  # what changed since the last good start, for scripts
-                click.echo(json.dumps({"error": e.message, "since_last_good_start": e.since.to_json()}, indent=2))
-            raise
+    with deploy.group_for(loaded, trust_new_hosts, say) as group:
+        ahead = steady.Ahead(loaded, group)  # read-only: under way while the lock is taken
+        with cluster_lock.held(loaded, group, wait_lock, say) as lock:
+            report = _up_held(loaded, group, as_json, restart, wait_timeout, say, no_verify,
+                              None if lock.waited else ahead)
     from ..transport import api
 
     ep = api.endpoint(loaded)
@@ -77,6 +73,19 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout,
     out.print(f"serving {loaded.profile.name} at {ep.url} "
               f"({'started' if report.changed else 'unchanged'}, {report.seconds:.1f} s)")
     _say_how_to_authenticate(loaded)
+
+
+def _up_held(loaded, group, as_json, restart, wait_timeout, say, no_verify, ahead):
+    from ..apply import deploy, verify as verifying
+    from ..errors import SparkstackError
+
+    try:
+        return deploy.up(loaded, group, restart=restart, wait_timeout=wait_timeout, say=say,
+                         verify=verifying.chosen(no_verify), ahead=ahead)
+    except SparkstackError as e:
+        if as_json and getattr(e, "since", None):  # what changed since the last good start, for scripts
+            click.echo(json.dumps({"error": e.message, "since_last_good_start": e.since.to_json()}, indent=2))
+        raise
 
 
 def _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, no_verify) -> None:

@@ -1,7 +1,8 @@
 """THE gather step of `check` and `up`: one call, one value (value.Gathered).
 
 Per rank, in parallel: the probe, then at once one more command that pings the peers' fabric IPs
-and reads dockerd's capabilities (extras), and with model.local_path the staged copy's listing
+and reads dockerd's capabilities (extras; begun beside the probe when the rank's targets last
+time are kept here and the probe gives the same), and with model.local_path the staged copy's listing
 (staged). This host's part (the checkpoint's shape, the image's tag and local ID, the API key)
 runs meanwhile. Never raises for a rank's failure: a rank whose part raised is in the value like
 one that did not answer, the others as they answered.
@@ -27,15 +28,20 @@ def gather(loaded: Loaded, group, image: str | None = None,
     staged: dict[int, dict | str] = {}
 
     def rank(conn) -> tuple[probe.RankFacts, list[extras.PingTarget], extras.Extras | None]:
-        """Probe, then at once this rank's pings: no waiting for the slowest rank's probe."""
-        found = (probed or {}).get(conn.target.rank)
+        """Probe, then at once this rank's pings: no waiting for the slowest rank's probe. The
+        pings to last time's targets go beside the probe, kept when the targets are the same."""
+        r = conn.target.rank
+        found = (probed or {}).get(r)
+        guessed, early = None, None
         if found is None or found.facts is None:
+            guessed = extras.remembered_targets(loaded, r)
+            early = _pings_ahead(conn, guessed) if guessed is not None else None
             found = probe.probe_rank(conn, loaded)
         if found.facts is None:
             return found, [], None
-        targets = extras.rank_ping_targets(loaded, conn.target.rank, found.facts)
-        command, stdin = extras.extras_invocation(targets)
-        result = conn.run(command, stdin=stdin, timeout=extras.PING_WAIT_S + 10)
+        targets = extras.rank_ping_targets(loaded, r, found.facts)
+        result = early.result() if early is not None and guessed == targets else _pings(conn, targets)
+        extras.remember_targets(loaded, r, targets)
         extra = extras.parse_extras(result.stdout, targets) if result.ok else extras.Extras({}, error=result.why())
         if loaded.cluster.model.local_path:  # the staged copy against its source, by size and mtime
             staged[conn.target.rank] = staged_mod.list_rank(conn, loaded)
@@ -51,6 +57,19 @@ def gather(loaded: Loaded, group, image: str | None = None,
     found.extras = {g.rank: e for g, _, e in answers if e is not None}
     found.staged = staged
     return found
+
+
+def _pings_ahead(conn, targets: list[extras.PingTarget]):
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(_pings, conn, targets)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _pings(conn, targets: list[extras.PingTarget]):
+    command, stdin = extras.extras_invocation(targets)
+    return conn.run(command, stdin=stdin, timeout=extras.PING_WAIT_S + 10)
 
 
 def from_probe(loaded: Loaded, probed: dict[int, probe.RankFacts], image: str | None = None) -> Gathered:

@@ -12,15 +12,14 @@ asks it (apply/preflight.py), `up` asks it after shipping and before starting an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import onrank
+from ..inputs import answers
 from ..transport.remote import Connection
 
 # what the question is on a real Spark (the script's real_vllm), said in the row
@@ -108,32 +107,23 @@ def ask(conn: Connection, docker_run: list[str], engine: list[str], env_file: by
 # The engine's configuration is a function of the image, the argv, the env and the checkpoint's
 # config.json: asked again with all four the same, it answers the same. A yes is kept on the
 # control host under a hash of the four (the image by its ID on rank 0, the config by its
-# sha256) and given back instead of a `docker run` (~0.65 s of every `check`); a no is always
-# asked afresh, so a fix outside the four is seen at once.
+# sha256; launcher/inputs/answers.py) and given back instead of a `docker run` (~0.65 s of every
+# `check`, and of `up`'s start); a no is always asked afresh, so a fix outside the four is seen at once.
 
 def question_key(docker_run: list[str], engine: list[str], env_file: bytes, image_id: str,
                  config_sha256: str) -> str:
-    text = json.dumps([docker_run, engine, env_file.decode(errors="replace"), image_id, config_sha256])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return answers.key("engine-config", docker_run, engine, env_file.decode(errors="replace"), image_id,
+                       config_sha256)
 
 
-def remembered(store: Path, key: str) -> EngineAnswer | None:
+def remembered(store: Path | None, key: str) -> EngineAnswer | None:
+    kept = answers.known(key, store)
     try:
-        kept = json.loads((store / f"{key}.json").read_text())
         return EngineAnswer(True, kept["message"], kept["seconds"], kept["image"], asked_at=kept["at"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
 
 
-def remember(store: Path, key: str, answer: EngineAnswer) -> None:
-    if not answer.ok:
-        return
-    try:
-        store.mkdir(parents=True, exist_ok=True)
-        at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        tmp = store / f".{key}.tmp"
-        tmp.write_text(json.dumps({"message": answer.message, "seconds": answer.seconds,
-                                   "image": answer.image, "at": at}))
-        tmp.replace(store / f"{key}.json")
-    except OSError:
-        pass  # not remembered: asked again next time
+def remember(store: Path | None, key: str, answer: EngineAnswer) -> None:
+    if answer.ok:
+        answers.keep(key, {"message": answer.message, "seconds": answer.seconds, "image": answer.image}, store)

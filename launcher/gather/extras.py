@@ -18,6 +18,7 @@ from ipaddress import IPv4Address, ip_interface
 from .. import onrank
 from ..facts import fabric
 from ..facts.record import Facts
+from ..inputs import answers
 from ..inputs.config import Loaded
 
 PING_WAIT_S = 1
@@ -101,6 +102,31 @@ def _ipv4(f: Facts, netdev: str) -> list:
 
 
 PINGER_SOURCE = onrank.path("pinger")
+
+
+# -- whom a rank pinged last time ---------------------------------------------------------------
+# A rank's targets come from its own facts, so its pings could start only once its probe was back
+# (~0.2 s more of every `check`). The targets it had last time are kept on this host: the pings
+# to them start beside the probe, and are kept only when the probe's facts give the very same
+# targets (else they are pinged again, as before).
+
+def _targets_key(loaded: Loaded, r: int) -> str:
+    rank = loaded.cluster.ranks[r]
+    return answers.key("ping-targets", str(loaded.path), r, rank.address, rank.port)
+
+
+def remembered_targets(loaded: Loaded, r: int) -> list[PingTarget] | None:
+    kept = answers.known(_targets_key(loaded, r))
+    try:
+        return [PingTarget(int(p), str(ip), str(kind), None if df is None else int(df))
+                for p, ip, kind, df in kept["targets"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def remember_targets(loaded: Loaded, r: int, targets: list[PingTarget]) -> None:
+    if remembered_targets(loaded, r) != targets:
+        answers.keep(_targets_key(loaded, r), {"targets": [dataclasses.astuple(t) for t in targets]})
 
 
 def extras_invocation(targets: list[PingTarget]) -> tuple[str, bytes]:

@@ -91,6 +91,22 @@ def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, wat
     return time.monotonic() - started
 
 
+def answers_now(ep: Endpoint) -> list[str] | None:
+    """wait_ready's three steps once each, no waiting: what it would say when every step answers
+    at once, else None."""
+    said, started = [], time.monotonic()
+    for step, probe in (("/health", lambda e: health_check(e, timeout=5)), ("/v1/models", _model_listed),
+                        ("a completion", _completes)):
+        try:
+            ok, _ = probe(ep)
+        except httpx.HTTPError:
+            return None
+        if not ok:
+            return None
+        said.append(f"  {step}: ok after {time.monotonic() - started:.1f} s")
+    return said
+
+
 def _model_listed(ep: Endpoint) -> tuple[bool, str]:
     r = _http().get(f"{ep.url}/v1/models", headers=ep.headers, timeout=5)
     if r.status_code != 200:

@@ -207,16 +207,18 @@ class Connection:
         self.say = say or (lambda line: None)  # the CLI passes its own: only it prints
         self.client: paramiko.SSHClient | None = None
         self._jump: paramiko.SSHClient | None = None
+        self._opening = threading.Lock()  # two threads may open it at once (`up`'s look beside its lock)
 
     # -- connecting --------------------------------------------------------------------------
     def open(self) -> "Connection":
-        if self.client is not None and not self._alive():
-            self.close()  # dropped since the last command (a reboot, a cut): connect afresh
-        if self.client is None:
-            try:
-                self.client = self._connect_with_retries()
-            except Exception as e:  # every cause becomes one message naming rank and fix
-                raise RemoteError(self._explain(e)) from None
+        with self._opening:
+            if self.client is not None and not self._alive():
+                self.close()  # dropped since the last command (a reboot, a cut): connect afresh
+            if self.client is None:
+                try:
+                    self.client = self._connect_with_retries()
+                except Exception as e:  # every cause becomes one message naming rank and fix
+                    raise RemoteError(self._explain(e)) from None
         return self
 
     def _alive(self) -> bool:
