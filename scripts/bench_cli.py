@@ -6,9 +6,12 @@ Each row is the real command line, a fresh process (interpreter start included),
                    kit's CPU per rank beyond the interpreter's start (`python -c pass`'s CPU)
   ansible          `ansible all -m setup` against the same ranks (the ratio check is measured by)
   up, serving      `sparkstack up` on a cluster already serving as planned
-  up after down    `sparkstack down`, then `sparkstack up` (the stand-in engine starts at once)
+  up after down    `sparkstack down`, then `sparkstack up --json`: the kit's part (the wall less the
+                   wait for the API, the engines' own start, and less the verification)
   build, no-op     `sparkstack build --json` with nothing changed
   --version        `sparkstack --version`
+  gather           check's gather in-process (connections already open), rank 0 alone and all ranks
+                   at once: the share of check's wall that is the sandbox's ranks sharing this host
 Holds the sandbox lock (/tmp/sparkstack-sandbox.lock) while it runs, and leaves the sandbox
 serving or not as it found it. --bin: the directory of another checkout's `sparkstack` (its
 .venv/bin), to measure that checkout (e.g. main) the same way.
@@ -109,11 +112,54 @@ def measure(args, kit: str, env: dict, loaded, n: int) -> None:
     print(f"  {'':16} ansible / check = {ansible / check:.1f}x (goal >= 5x)")
     subprocess.run([kit, "up"], capture_output=True, env=env)  # serving as planned: the next row's start
     rows_of("up, serving", [kit, "up"], args.runs, env)
-    rows_of("up after down", [kit, "up"], args.runs, env,
-            before=lambda: subprocess.run([kit, "down"], capture_output=True, env=env))
+    up_after_down(kit, env, args.runs)
     subprocess.run([kit, "build", "--json"], capture_output=True, env=env)  # built: the next row's start
     rows_of("build, no-op", [kit, "build", "--json"], args.runs, env)
     rows_of("--version", [kit, "--version"], args.runs, env)
+    contention(loaded, args.runs)
+
+
+def up_after_down(kit: str, env: dict, runs: int) -> None:
+    """`up --json` after `down`; the goal is on the kit's part: the wall less the wait for the API
+    (the engines' own start) and the verification (--no-verify skips it), both from its JSON."""
+    walls, kits, waits, verifies = [], [], [], []
+    for _ in range(runs):
+        subprocess.run([kit, "down"], capture_output=True, env=env)
+        wall, _, proc = timed([kit, "up", "--json"], env)
+        if proc.returncode != 0:
+            sys.exit(f"up failed (exit {proc.returncode}):\n{proc.stdout[-800:]}{proc.stderr[-800:]}")
+        report = json.loads(proc.stdout)
+        walls.append(wall)
+        waits.append(report["waited_s"])
+        verifies.append(report["verify_s"])
+        kits.append(wall - report["waited_s"] - report["verify_s"])
+    med = statistics.median(kits)
+    print(f"  {'up after down':<16} median {statistics.median(walls):6.2f} s  (runs {', '.join(f'{w:.2f}' for w in walls)}): "
+          f"the engines' start {statistics.median(waits):.2f} s, verification {statistics.median(verifies):.2f} s, "
+          f"the kit {med:.2f} s (runs {', '.join(f'{k:.2f}' for k in kits)})   goal <= {GOALS['up after down']:.2f} s "
+          f"plus the engine's start: {'met' if med <= GOALS['up after down'] else 'NOT met'}", flush=True)
+
+
+def contention(loaded, runs: int) -> None:
+    """Why the sandbox's probe costs more than a Spark's: its four ranks share this host's cores.
+    check's gather (probe, pings) in-process, for rank 0 alone and for all ranks at once."""
+    from launcher.gather import cluster, probe
+
+    def once(only: list[int]) -> float:
+        with probe.open_group(loaded) as group:
+            group.connections = [c for c in group.connections if c.target.rank in only]
+            for c in group.connections:
+                c.open()
+            started = time.monotonic()
+            cluster.gather(loaded, group)
+            return time.monotonic() - started
+
+    n = len(loaded.cluster.ranks)
+    alone = statistics.median(once([0]) for _ in range(runs))
+    together = statistics.median(once(list(range(n))) for _ in range(runs))
+    print(f"  {'gather':<16} rank 0 alone {alone:.2f} s, all {n} at once {together:.2f} s "
+          f"({together / alone:.1f}x: the ranks share this host's {os.cpu_count()} CPUs; "
+          f"a Spark probes on its own)", flush=True)
 
 
 if __name__ == "__main__":

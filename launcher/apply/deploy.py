@@ -101,11 +101,11 @@ def _verify(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None
     """The seam where the served model's verification enters (up's `verify`): none given is
     recorded as not available, False as skipped; a failure, or one that cannot run, leaves
     nothing serving, started now or before (nothing half-started)."""
+    if report.verify:  # the steady path kept the history's verdict: nothing started since
+        report.steps.append("verified (when it started)")
+        return
     if verify is None:
         report.verify = history.verdict(None)
-        return
-    if verify is _KEEP_VERDICT:  # the steady path: verified before, nothing started since
-        report.steps.append("verified (when it started)")
         return
     if verify is False:
         report.verify = dict(history.SKIPPED)
@@ -136,11 +136,8 @@ def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
     """A good deploy into the history, unless the last entry is this very deploy (an `up` that
     found it running as planned, or a restart of it after a boot or by the supervisor, adds
     nothing: the history is of what changed)."""
-    # nothing started, nothing shipped: the probe's image listing still holds; a start knows
-    # each rank's ID from the images step (no round trip either way)
-    listed = _images_seen(report.gathered, report.plan.image) if not report.changed else (
-        {r: {report.plan.image: i} for r, i in report.image_ids.items()} if report.image_ids else None)
-    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify, listed=listed)
+    entry = deployed_entry(loaded, group, report.plan, report.gathered, how, verify=report.verify,
+                           listed=_listed(group, report))
     path = history.path_for(loaded)
     entries = history.load(path)
     last = entries[-1] if entries else None
@@ -148,6 +145,19 @@ def _record(loaded: Loaded, group: Group, report: UpReport, how: str) -> None:
         report.entry = last
         return
     report.entry = history.add(path, entry)
+
+
+def _listed(group: Group, report: UpReport) -> dict[int, dict[str, str]]:
+    """Each rank's serving image ID as this command knows it, asked at most once: the images
+    step's (a start), else the probe's listing (nothing started or shipped), else the ranks'."""
+    image = report.plan.image
+    if report.image_ids is None and not report.changed:
+        seen = _images_seen(report.gathered, image)
+        if seen is not None:
+            report.image_ids = {r: have.get(image) for r, have in seen.items()}
+    if report.image_ids is None:
+        report.image_ids = {t.rank: (have or {}).get(image) for t, have, _why in ranks.image_ids(group, [image])}
+    return {r: {image: i} if i else {} for r, i in report.image_ids.items()}
 
 
 def deployed_entry(loaded: Loaded, group: Group, the_plan: planning.Plan, gathered, how: str,
@@ -187,7 +197,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
         gathered = report.gathered = seen.gathered
         report.plan = seen.plan
         report.since = last_good.since_gathered(loaded, gathered, set(seen.probed))  # every rank serves
-        verify = _verified_before(loaded, group, report, verify, say)
+        _keep_verdict(loaded, group, report, verify, say)
         _serving(loaded, group, report, gathered, say, seen.watched, verify)
         report.seconds = time.monotonic() - started
         return report
@@ -245,26 +255,23 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     return report
 
 
-def _verified_before(loaded: Loaded, group: Group, report: UpReport, verify, say):
+def _keep_verdict(loaded: Loaded, group: Group, report: UpReport, verify, say) -> None:
     """The steady path's verification: none when the history's last entry is this very deploy,
     serving and verified (nothing was started since, so there is nothing new to verify; ~2.4 s of
-    an `up` that changes nothing); `verify` otherwise. `sparkstack verify` asks again on demand."""
+    an `up` that changes nothing): its verdict goes into `report`, which _verify keeps. Else
+    `verify` runs as on a start. `sparkstack verify` asks again on demand."""
     if not callable(verify):
-        return verify
+        return
     entries = history.load(history.path_for(loaded))
     last = entries[-1] if entries else None
     if last is None or last.outcome != history.SERVING or last.verify.get("status") != "passed":
-        return verify
-    listed = _images_seen(report.gathered, report.plan.image)
-    if not last.same_deploy(deployed_entry(loaded, group, report.plan, report.gathered, "up", listed=listed)):
-        return verify
+        return
+    if not last.same_deploy(deployed_entry(loaded, group, report.plan, report.gathered, "up",
+                                           listed=_listed(group, report))):
+        return
     say(f"verified when it started (history entry {last.id}, {last.at}); not again: nothing was started "
         "since (`sparkstack verify` asks now)")
-    report.verify = dict(last.verify)
-    return _KEEP_VERDICT
-
-
-_KEEP_VERDICT = object()  # the verify seam's marker: the history's verdict stands
+    report.verify = dict(last.verify)  # _verify keeps it
 
 
 def _serving(loaded: Loaded, group: Group, report: UpReport, gathered, say, watched: bool, verify) -> None:
