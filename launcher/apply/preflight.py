@@ -90,13 +90,12 @@ def ask_rank0(group, the_plan, known: tuple[str, str] | None = None):
     conn = next(c for c in group.connections if c.target.rank == 0)
     rank0 = the_plan.ranks[0]
     env = env_file(rank0.env, "rank 0")
-    store = None  # launcher/inputs/answers.py's
     key = engine_config.question_key(rank0.docker_run, rank0.engine, env, *known) if known else None
-    answer = engine_config.remembered(store, key) if key else None
+    answer = engine_config.remembered(None, key) if key else None  # inputs/answers.py's store
     if answer is None:
         answer = engine_config.ask(conn, rank0.docker_run, rank0.engine, env)
         if key:
-            engine_config.remember(store, key, answer)
+            engine_config.remember(None, key, answer)
     return answer
 
 

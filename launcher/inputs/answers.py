@@ -4,6 +4,8 @@ answers the same when asked again, so its yes is kept and given back instead of 
 on a rank (~0.5 s each). Only a yes is kept: a no is asked afresh, so a fix outside the key is
 seen at once. One small JSON file per answer under the state dir (launcher/inputs/apikey.py);
 a file that cannot be read or written is an answer not kept: the question is asked again.
+Also kept here: a guess that saves a round trip only when it proves right (the ranks' ping
+targets last time, launcher/gather/extras.py).
 """
 
 from __future__ import annotations
