@@ -17,6 +17,7 @@ exits without waiting for that stop.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import history, last_good, load_progress, memguard, prep, serve, servguard, steady
@@ -191,7 +192,7 @@ def _up(loaded: Loaded, group: Group, report: UpReport, restart: bool, wait_time
     started = time.monotonic()
     apikey.resolve(loaded, create=True)  # made once, before anything runs; the plan reads it
     # ONE probe per rank: serving as planned already?
-    seen = ahead.look() if ahead is not None and image is None else steady.look(loaded, group, image)
+    seen = steady.look(loaded, group, image, ahead.probed() if ahead is not None and image is None else None)
     if seen.as_planned and not restart and steady.answers(loaded, say, ahead):
         say("already running as planned: nothing to change (--restart forces a new start)")
         gathered = report.gathered = seen.gathered
@@ -278,9 +279,17 @@ def _serving(loaded: Loaded, group: Group, report: UpReport, gathered, say, watc
     """The API answers: verified, the serving guard on every rank (`watched`: the look saw each
     one at its container already), and the last good start kept."""
     report.steps.append("the API answers")
-    _verify(loaded, group, report, verify, say)  # before anything counts this start as a good one
     watched = watched and not report.changed  # a container started now has no guard yet
-    if servguard.start(loaded, group, say=say, watched=watched):  # the rank's own guard from now on (issue 29)
+    # the rank's own guard from now on (issue 29), started while the verification runs: it
+    # watches the engines through the verification's load too, and a failed one stops them
+    # (the guard ends with its container)
+    said: list[str] = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        guarded = pool.submit(servguard.start, loaded, group, say=said.append, watched=watched)
+        _verify(loaded, group, report, verify, say)  # before anything counts this start as a good one
+    for line in said:
+        say(line)
+    if guarded.result():
         report.steps.append("the memory guard watches every rank")
     if report.changed or last_good.load(loaded) is None:  # a cluster left alone keeps its last start
         # the image's ID here when it is here: what was shipped to a rank that lacked it

@@ -100,12 +100,14 @@ def ask_rank0(group, the_plan, known: tuple[str, str] | None = None):
 
 
 def run(loaded: Loaded, *, trust_new: bool = False, image: str | None = None, say=None,
-        bandwidth: bool = False, deep: bool = False) -> Report:
+        bandwidth: bool = False, deep: bool = False, begun: cluster.Begun | None = None) -> Report:
     """The whole `check`: connect (one attempt each, the config's connect timeout), gather,
-    evaluate; with `bandwidth`, the all-reduce row too; with `deep`, the checkpoint's hashes."""
+    evaluate; with `bandwidth`, the all-reduce row too; with `deep`, the checkpoint's hashes.
+    `begun`: the gather already under way (cluster.Begun, its group with it)."""
     started = time.monotonic()
-    with probe.open_group(loaded, trust_new=trust_new, say=say) as group:
-        inp = cluster.gather(loaded, group, image)
+    begun = begun or cluster.Begun(loaded, probe.open_group(loaded, trust_new=trust_new, say=say), image)
+    with begun.group as group:
+        inp = begun.result()
         the_plan = plan_or_none(inp)
         ask_engine(inp, group, the_plan)
         report = evaluate(inp, the_plan)

@@ -39,8 +39,8 @@ from ..transport.remote import Connection, Group
 GIB = 1024 ** 3
 # On every rank, the SSH user's: the name the kit's own files have on the control host
 # (~/.cache/sparkstack: spool, registry); on disk, not /tmp, so the record outlives a reset.
-GUARD_DIR = "$HOME/.cache/sparkstack/memguard"
-EVENTS, PIDFILE, SCRIPT = "events.jsonl", "guard.pid", "memwatch.py"
+from ..facts.remote import GUARD_DIR, GUARD_PIDFILE as PIDFILE  # noqa: E402 -- the probe reads it too
+EVENTS, SCRIPT = "events.jsonl", "memwatch.py"
 CHECK_S = 5  # how often the watcher asks Docker whether its container still runs
 START_WAIT_S = 5
 READ_LINES = 200  # the events read back from a rank (the newest)

@@ -19,24 +19,22 @@ the history records are the probe's listing (nothing was shipped).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import prep, serve, servguard
+from . import prep, serve
 from ..errors import SparkstackError
 from ..facts import remote as rank_facts
 from ..facts.parts import FactError
 from ..gather import cluster, probe
+from ..gather.ahead import SERVING, Ahead
 from ..gather.probe import RankFacts
 from ..gather.value import Gathered
 from ..inputs.config import Loaded
 from ..plan import cluster_plan as planning
-from ..plan.cluster_plan import CONTAINER_NAME
 from ..transport import api
 from ..transport.remote import Group
 
-# what the probe reads of the serving container and of the guard that watches it
-CONTAINER = {"name": CONTAINER_NAME, "watcher_pidfile": f"{servguard.GUARD_DIR}/{servguard.PIDFILE}"}
+CONTAINER = SERVING  # what the probe reads of the serving container and of the guard that watches it
 API_TIMEOUT_S = 10.0  # a serving cluster answers at once; one that does not takes the full path
 
 
@@ -55,10 +53,12 @@ class Look:
         return self.why_not is None
 
 
-def look(loaded: Loaded, group: Group, image: str | None = None) -> Look:
+def look(loaded: Loaded, group: Group, image: str | None = None,
+         probed: dict[int, RankFacts] | None = None) -> Look:
     """One probe per rank, the serving container read with it; what it says of the cluster.
-    `image`: the serving image's ref instead of the profile's (rollback)."""
-    probed = probe.gather(group, loaded, container=CONTAINER)
+    `image`: the serving image's ref instead of the profile's (rollback). `probed`: that probe
+    already taken (gather/ahead.py)."""
+    probed = probed if probed is not None else probe.gather(group, loaded, container=CONTAINER)
     unread = [g.error for g in probed.values() if g.facts is None]
     if unread:
         return Look(probed, False, "; ".join(unread), False)
@@ -111,28 +111,6 @@ def _container_id(raw: dict) -> str | None:
     except FactError:
         return None
     return found.id if found else None
-
-
-class Ahead:
-    """`up`'s look and one pass of its API question, under way while the cluster lock is taken:
-    both only read, and a lock taken at once means nobody changed the cluster meanwhile (the
-    caller drops them when it had to wait, or took a lapsed lock over)."""
-
-    def __init__(self, loaded: Loaded, group: Group):
-        self._pool = ThreadPoolExecutor(max_workers=2)
-        self._look = self._pool.submit(look, loaded, group)
-        self._api = self._pool.submit(api.answers_now, api.endpoint(loaded))
-        self._pool.shutdown(wait=False)
-
-    def look(self) -> Look:
-        return self._look.result()
-
-    def answered(self) -> list[str] | None:
-        """What the API check said when the API answered every step at once, else None."""
-        try:
-            return self._api.result()
-        except Exception:  # noqa: BLE001 -- the real question is asked again
-            return None
 
 
 def answers(loaded: Loaded, say, ahead: Ahead | None = None) -> bool:

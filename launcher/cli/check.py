@@ -48,10 +48,13 @@ def check(loaded, as_json, verbose, trust_new_hosts, bandwidth, deep):
     Exit 0 when nothing fails, 1 otherwise. --json prints
     {"ok", "ranks": [{"rank", "host", "checks": [{"name", "status", "value", "fix"}]}]}.
     """
-    from ..apply import preflight
+    from ..gather import cluster, probe
 
-    report = preflight.run(loaded, trust_new=trust_new_hosts, bandwidth=bandwidth, deep=deep,  # say: a key it trusts
-                            say=lambda line: err.print(line, markup=False, highlight=False))
+    say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731 -- a key it trusts
+    begun = cluster.Begun(loaded, probe.open_group(loaded, trust_new=trust_new_hosts, say=say))
+    from ..apply import preflight  # and the rows: imported while the ranks are probed
+
+    report = preflight.run(loaded, bandwidth=bandwidth, deep=deep, begun=begun)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -52,13 +52,16 @@ def up(loaded, as_json, trust_new_hosts, wait_lock, restart, keep, wait_timeout,
     cause with what changed since the last good start); `sparkstack metrics serve` exports them.
     Ctrl+C/SIGTERM while watching leaves the cluster serving.
     """
-    from ..apply import cluster_lock, deploy, steady
-
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     if keep:
         return _keep(loaded, trust_new_hosts, wait_lock, wait_timeout, say, no_verify)
-    with deploy.group_for(loaded, trust_new_hosts, say) as group:
-        ahead = steady.Ahead(loaded, group)  # read-only: under way while the lock is taken
+    from ..gather.ahead import Ahead
+    from ..transport.remote import Group
+
+    with Group.for_cluster(loaded.cluster, trust_new=trust_new_hosts, say=say) as group:  # as deploy.group_for
+        ahead = Ahead(loaded, group)  # read-only, under way while the rest is imported and the lock taken
+        from ..apply import cluster_lock
+
         with cluster_lock.held(loaded, group, wait_lock, say) as lock:
             report = _up_held(loaded, group, as_json, restart, wait_timeout, say, no_verify,
                               None if lock.waited else ahead)

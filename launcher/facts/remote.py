@@ -16,6 +16,12 @@ from dataclasses import dataclass
 from .memory import parse_meminfo
 from .parts import FactError
 
+# The serving container and its memory guard's pid file, named here for every layer: the probe
+# reads both (gather/ahead.py); plan/cluster_plan.py and apply/servguard.py take these names.
+CONTAINER_NAME = "sparkstack-engine"
+GUARD_DIR = "$HOME/.cache/sparkstack/memguard"
+GUARD_PIDFILE = "guard.pid"
+
 MEMINFO_COMMAND = "cat /proc/meminfo"
 
 

@@ -59,6 +59,20 @@ def gather(loaded: Loaded, group, image: str | None = None,
     return found
 
 
+class Begun:
+    """`gather` under way in a thread from now (`check` begins it before importing the rest of
+    itself); `result()` waits for it, raising what it raised."""
+
+    def __init__(self, loaded: Loaded, group, image: str | None = None):
+        self.group = group
+        pool = ThreadPoolExecutor(max_workers=1)
+        self._future = pool.submit(gather, loaded, group, image)
+        pool.shutdown(wait=False)
+
+    def result(self) -> Gathered:
+        return self._future.result()
+
+
 def _pings_ahead(conn, targets: list[extras.PingTarget]):
     pool = ThreadPoolExecutor(max_workers=1)
     try:

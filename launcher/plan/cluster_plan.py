@@ -27,7 +27,7 @@ from ..inputs.config import Cluster, ContainerSettings, Loaded, cluster_name, ma
 GB10_MEM_TOTAL = 127_600_000 * 1024
 GB10_MEM_AVAILABLE = 122_771_456 * 1024
 
-CONTAINER_NAME = "sparkstack-engine"
+from ..facts.remote import CONTAINER_NAME  # noqa: E402,F401 -- the plan names its container by it
 FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
 # Every container's environment travels on stdin (env_file), never as `-e` on a command line,
 # where `ps` on the rank would show each value to every local user.
