@@ -64,18 +64,24 @@ def health(ep: Endpoint, timeout: float = 3.0) -> bool:
     return health_check(ep, timeout)[0]
 
 
-def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = 1.0, watch=None) -> float:
+POLL_S = 0.25  # the API is asked this often: up returns within it of the engine being ready
+WATCH_EVERY_S = 1.0  # `watch` (a round trip to every rank) at most this often
+
+
+def wait_ready(ep: Endpoint, timeout: float, say=print, poll_s: float = POLL_S, watch=None) -> float:
     """/health, then /v1/models lists the model, then one short completion answers.
-    `watch()` runs between polls (e.g. raising when a rank's engine died meanwhile).
-    Returns the seconds it took; raises NotServing naming the step it was stuck at."""
+    `watch()` runs between polls, at most every WATCH_EVERY_S (e.g. raising when a rank's engine
+    died meanwhile). Returns the seconds it took; raises NotServing naming the step it was stuck at."""
     started = time.monotonic()
     deadline = started + timeout
+    watched = 0.0
     for step, probe in (("/health", lambda e: health_check(e, timeout=5)), ("/v1/models", _model_listed),
                         ("a completion", _completes)):
         last = "no answer yet"
         while True:
-            if watch:
+            if watch and time.monotonic() - watched >= WATCH_EVERY_S:
                 watch()
+                watched = time.monotonic()
             try:
                 ok, last = probe(ep)
             except httpx.HTTPError as e:
