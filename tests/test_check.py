@@ -855,3 +855,19 @@ def test_plan_or_refuse_tolerates_a_missing_image_and_returns_the_live_plan(sand
         p = deploy.preflight(loaded, group, image="sparkstack-test/check:nowhere")
     assert "NCCL_IB_HCA" in p.ranks[0].env  # made from the facts: each rank's own fabric env
     assert not any(a.startswith("MemAvailable") for a in p.assumed)
+
+
+def test_last_times_ping_targets_are_kept_per_rank_and_config(write_config):
+    """gather pings a rank's targets of last time beside its probe: kept per config and rank,
+    replaced when the probe's facts give others (launcher/gather/extras.py)."""
+    from launcher.inputs import config as config_mod
+
+    loaded = config_mod.load(write_config())
+    other = config_mod.load(write_config(name="other.yaml"))
+    targets = [extras.PingTarget(1, "192.168.177.2", "link", 8972), extras.PingTarget(-1, "192.168.177.6", "fabric", None)]
+    assert extras.remembered_targets(loaded, 0) is None
+    extras.remember_targets(loaded, 0, targets)
+    assert extras.remembered_targets(loaded, 0) == targets
+    assert extras.remembered_targets(loaded, 1) is None and extras.remembered_targets(other, 0) is None
+    extras.remember_targets(loaded, 0, targets[:1])
+    assert extras.remembered_targets(loaded, 0) == targets[:1]

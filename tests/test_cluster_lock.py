@@ -287,3 +287,32 @@ def test_a_command_whose_lock_lapsed_stops_before_its_next_step(sandbox, group):
     finally:
         lock.__exit__(None, None, None)
     cluster_lock.ensure_held()  # released: nothing held, nothing to check
+
+
+def test_an_up_that_waited_for_the_lock_looks_again(sandbox, group):
+    """`up` begins its look while it takes the lock (launcher/gather/ahead.py). One that had to
+    wait looks again: what the holder changed meanwhile (rank 2's engine stopped) is seen, not
+    the serving cluster its first look found."""
+    loaded, g = group
+    cfg = str(sandbox.config)
+    was_serving = "already running as planned" in (first := cli("up", "-c", cfg)).output
+    assert first.exit_code == 0, first.output
+    lock = cluster_lock.ClusterLock(g.connections[0], cluster_lock.holder(loaded, ["prep"]))
+    lock.__enter__()
+
+    def change_then_release():
+        assert sandbox.run("spark3", "docker stop -t 1 sparkstack-engine")[0] == 0
+        lock.__exit__(None, None, None)
+
+    releaser = threading.Timer(3, change_then_release)
+    releaser.start()
+    try:
+        result = cli("up", "-c", cfg, "--wait-lock", "60", "--no-verify")
+    finally:
+        releaser.join()
+    assert result.exit_code == 0, result.output
+    assert "waiting for the cluster lock:" in result.output
+    assert "not as planned: " in result.output and "rank 2 (spark3): sparkstack-engine" in result.output
+    assert "already running as planned" not in result.output
+    if not was_serving:
+        assert cli("down", "-c", cfg).exit_code == 0

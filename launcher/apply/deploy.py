@@ -50,12 +50,14 @@ class UpReport:
     plan: planning.Plan | None = None
     gathered: object = None
     image_ids: dict[int, str] | None = None  # each rank's serving image ID once images are settled
+    start_s: float = 0.0  # of `seconds`: the containers' start (`docker run` on every rank)
     waited_s: float = 0.0  # of `seconds`: the wait for the API (the engines' own start)
     verify_s: float = 0.0  # of `seconds`: the verification
 
     def to_json(self) -> dict:
         return {"changed": self.changed, "steps": self.steps, "seconds": round(self.seconds, 2),
-                "waited_s": round(self.waited_s, 2), "verify_s": round(self.verify_s, 2),
+                "start_s": round(self.start_s, 2), "waited_s": round(self.waited_s, 2),
+                "verify_s": round(self.verify_s, 2),
                 "memory": [m.to_json() for m in self.memory], "verify": self.verify,
                 "history_entry": self.entry.id if self.entry else None}
 
@@ -398,7 +400,9 @@ def _start_guarded(loaded: Loaded, group: Group, the_plan, report: UpReport, wai
     (False: this command's probe found none, and the cluster lock kept it so)."""
     with guard:
         try:
+            begun = time.monotonic()
             serve.start(the_plan, group, say=say, head_first=ray, clear=clear)
+            report.start_s = time.monotonic() - begun
             report.steps.append("started every rank")
             _wait(loaded, group, report, wait_timeout, say, guard, the_plan.load)
         except memguard.MemoryFloor:
