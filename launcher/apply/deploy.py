@@ -81,7 +81,7 @@ def up(loaded: Loaded, group: Group, *, restart: bool = False, wait_timeout: flo
     rank and raises VerifyFailed. `image`: serve this ref, already on every rank (rollback),
     instead of the profile's (nothing built or shipped). `record`: add the deploy to the history.
     `report`: filled as it goes (the caller keeps what was planned when it raises). `ahead`: the
-    look and API question begun before the cluster lock was taken (steady.Ahead)."""
+    probe and API question begun before the cluster lock was taken (gather/ahead.py)."""
     report = report or UpReport()
     try:
         _up(loaded, group, report, restart, wait_timeout, say, image, verify, ahead)
