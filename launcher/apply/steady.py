@@ -34,7 +34,6 @@ from ..plan import cluster_plan as planning
 from ..transport import api
 from ..transport.remote import Group
 
-CONTAINER = SERVING  # what the probe reads of the serving container and of the guard that watches it
 API_TIMEOUT_S = 10.0  # a serving cluster answers at once; one that does not takes the full path
 
 
@@ -58,7 +57,7 @@ def look(loaded: Loaded, group: Group, image: str | None = None,
     """One probe per rank, the serving container read with it; what it says of the cluster.
     `image`: the serving image's ref instead of the profile's (rollback). `probed`: that probe
     already taken (gather/ahead.py)."""
-    probed = probed if probed is not None else probe.gather(group, loaded, container=CONTAINER)
+    probed = probed if probed is not None else probe.gather(group, loaded, container=SERVING)
     unread = [g.error for g in probed.values() if g.facts is None]
     if unread:
         return Look(probed, False, "; ".join(unread), False)

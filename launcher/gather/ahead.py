@@ -7,8 +7,6 @@ Kept light on purpose: only the probe and the API client are imported here.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from ..facts.remote import CONTAINER_NAME, GUARD_DIR, GUARD_PIDFILE
 from ..inputs.config import Loaded
 from ..transport.remote import Group
@@ -20,10 +18,8 @@ SERVING = {"name": CONTAINER_NAME, "watcher_pidfile": f"{GUARD_DIR}/{GUARD_PIDFI
 
 class Ahead:
     def __init__(self, loaded: Loaded, group: Group):
-        self._pool = ThreadPoolExecutor(max_workers=2)
-        self._probed = self._pool.submit(probe.gather, group, loaded, container=SERVING)
-        self._api = self._pool.submit(_answers_now, loaded)
-        self._pool.shutdown(wait=False)
+        self._probed = probe.in_background(probe.gather, group, loaded, container=SERVING)
+        self._api = probe.in_background(_answers_now, loaded)
 
     def probed(self) -> dict[int, probe.RankFacts]:
         return self._probed.result()

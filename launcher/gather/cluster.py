@@ -35,7 +35,7 @@ def gather(loaded: Loaded, group, image: str | None = None,
         guessed, early = None, None
         if found is None or found.facts is None:
             guessed = extras.remembered_targets(loaded, r)
-            early = _pings_ahead(conn, guessed) if guessed is not None else None
+            early = probe.in_background(_pings, conn, guessed) if guessed is not None else None
             found = probe.probe_rank(conn, loaded)
         if found.facts is None:
             return found, [], None
@@ -65,20 +65,10 @@ class Begun:
 
     def __init__(self, loaded: Loaded, group, image: str | None = None):
         self.group = group
-        pool = ThreadPoolExecutor(max_workers=1)
-        self._future = pool.submit(gather, loaded, group, image)
-        pool.shutdown(wait=False)
+        self._future = probe.in_background(gather, loaded, group, image)
 
     def result(self) -> Gathered:
         return self._future.result()
-
-
-def _pings_ahead(conn, targets: list[extras.PingTarget]):
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        return pool.submit(_pings, conn, targets)
-    finally:
-        pool.shutdown(wait=False)
 
 
 def _pings(conn, targets: list[extras.PingTarget]):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -123,3 +124,13 @@ def gather_config(path: Path | None = None, loaded: Loaded | None = None, **kw) 
     loaded = loaded or config.load(path)
     with open_group(loaded, **kw) as group:
         return gather(group, loaded)
+
+
+def in_background(fn, *args, **kw) -> Future:
+    """`fn(*args, **kw)` begun in a thread of its own now; the Future gives its result (or raises
+    what it raised). For reads begun ahead of the step that needs them (ahead.py, cluster.py)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(fn, *args, **kw)
+    finally:
+        pool.shutdown(wait=False)
