@@ -59,6 +59,18 @@ def pytest_addoption(parser):
                           "those tests then fail: review the diff and re-run without it")
 
 
+NEEDS_SANDBOX = {"sandbox", "group"}  # the fixtures that bring the sandbox (Docker) up
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test whose fixtures include the sandbox is marked `sandbox` (pyproject.toml's
+    markers): `./scripts/test --quick` runs `-m "not sandbox"` without Docker. A test that needs
+    Docker some other way (a real build, save or registry here) is marked by hand."""
+    for item in items:
+        if NEEDS_SANDBOX & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sandbox)
+
+
 @pytest.fixture(scope="module")
 def group(sandbox):
     """SSH connections to the sandbox's four ranks (launcher.transport.remote), one set per test module."""

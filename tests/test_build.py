@@ -31,6 +31,8 @@ from launcher.cli.commands import main
 from launcher.sandbox.chain_fixture import (BUSYBOX, PATCH_FILES, SITE, TEST_REPO, make_test_base,
                                             remove_test_images, session_id, write_patches)
 
+pytestmark = pytest.mark.sandbox  # real builds on the local Docker engine (pyproject.toml's markers)
+
 FOUR = ["dcp", "mul1", "v145", "keys"]
 
 

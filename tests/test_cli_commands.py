@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -50,6 +51,7 @@ def test_profiles_lists_each_profile_with_engine_seeds_and_description():
                        "description": doc["description"]} for name, doc in want.items()]
 
 
+@pytest.mark.sandbox  # asks the local Docker engine whether the image is here
 def test_ship_without_an_image_takes_the_chain_top_plan_names(tmp_path):
     """A chain profile with nothing built here: `ship` with no --image looks for the chain's
     top, the very tag `plan` says `up` serves, and says to build it (exit 1, no rank touched)."""
@@ -68,6 +70,7 @@ def test_ship_without_an_image_takes_the_chain_top_plan_names(tmp_path):
     assert f"error: image {image} is not on this host: run `sparkstack build` first" in result.output
 
 
+@pytest.mark.sandbox  # asks the local Docker engine whether the image is here
 def test_ship_takes_the_profile_flag(tmp_path):
     """`ship --profile NAME` with no --image ships NAME's serving image, not cluster.yaml's:
     here a prebuilt one this host lacks, refused before any rank is reached (exit 1)."""

@@ -279,6 +279,7 @@ def _probe_env(tmp_path, **env):
     return run_probe(facts.probe_args(str(tmp_path / "sysfs")), env=env)
 
 
+@pytest.mark.sandbox  # asks this host's Docker engine at /var/run/docker.sock, whatever DOCKER_HOST says
 @pytest.mark.skipif(not shutil.which("docker") or not os.access("/var/run/docker.sock", os.W_OK),
                     reason="needs this host's docker CLI and socket")
 def test_probe_asks_the_docker_socket_not_the_cli(tmp_path):

@@ -15,7 +15,9 @@ import sys
 import pytest
 import yaml
 
-pytestmark = pytest.mark.skipif(os.environ.get("SPARKSTACK_NO_SANDBOX") == "1", reason="needs the sandbox")
+# the bare sandbox (its own containers on the local Docker engine): `sandbox` (pyproject.toml)
+pytestmark = [pytest.mark.sandbox,
+              pytest.mark.skipif(os.environ.get("SPARKSTACK_NO_SANDBOX") == "1", reason="needs the sandbox")]
 
 
 def sparkstack(*args, stdin: str = "", timeout: float = 600) -> subprocess.CompletedProcess:

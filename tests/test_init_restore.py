@@ -16,7 +16,9 @@ import yaml
 
 from test_init import bare, rank_sh, sparkstack  # noqa: F401  (the bare sandbox fixture and helpers)
 
-pytestmark = pytest.mark.skipif(os.environ.get("SPARKSTACK_NO_SANDBOX") == "1", reason="needs the sandbox")
+# the bare sandbox (its own containers on the local Docker engine): `sandbox` (pyproject.toml)
+pytestmark = [pytest.mark.sandbox,
+              pytest.mark.skipif(os.environ.get("SPARKSTACK_NO_SANDBOX") == "1", reason="needs the sandbox")]
 
 NETDEVS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
 END = "END-OF-OUTPUT"

@@ -54,6 +54,7 @@ def _image(client, parent: str | None, name: str, mib: int) -> str:
     return client.images.get(build_scratch(client, name, mib * MB, parent or "scratch")).id
 
 
+@pytest.mark.sandbox  # builds images on the local Docker engine and pushes them
 @needs_registry
 def test_a_change_is_read_back_alone_and_checked_the_base_pushed_once(tmp_path):
     engine = connect()
@@ -81,6 +82,7 @@ def test_a_change_is_read_back_alone_and_checked_the_base_pushed_once(tmp_path):
             client.images.remove(image_id, force=True)
 
 
+@pytest.mark.sandbox  # builds images on the local Docker engine and pushes them
 @needs_registry
 def test_a_registry_whose_blob_is_not_the_layer_is_refused(tmp_path):
     engine = connect()

@@ -75,6 +75,7 @@ def own_image(local_docker_cli):
     local_shell(f"docker rmi {ref}")
 
 
+@pytest.mark.sandbox  # imports an image into this host's Docker engine
 def test_commands_against_this_hosts_docker(own_image):
     """The commands as a rank runs them, with this host's Docker: what they print, the parsers read."""
     ref, image_id = own_image

@@ -121,6 +121,7 @@ def make_sandbox_leftovers(client) -> None:
     client.networks.create(cluster.NETWORK, driver="bridge", labels={cluster.LABEL: "1"})
 
 
+@pytest.mark.sandbox  # a private dockerd (the `engine` fixture)
 def test_down_removes_the_labelled_only_and_purge_deletes_the_state_dir(engine, tmp_path):
     """`sandbox down` removes the sandbox's containers, network and volumes and says how many, keeps
     what it did not make and the state dir; `down --purge` deletes the state dir too; a `down`
@@ -160,6 +161,7 @@ def test_down_removes_the_labelled_only_and_purge_deletes_the_state_dir(engine, 
         client.networks.prune()
 
 
+@pytest.mark.sandbox  # a private dockerd (the `engine` fixture)
 def test_status_before_up_shows_every_rank_down_and_says_to_run_up(engine, tmp_path):
     """`sandbox status` where no sandbox was made: each rank with its login and `docker down`, and
     a config that does not exist yet with the command that writes it."""
@@ -186,6 +188,7 @@ def _refused_for_space(engine, tmp_path, tmpdir: Path):
     return res.stderr
 
 
+@pytest.mark.sandbox  # a private dockerd (the `engine` fixture)
 def test_up_refuses_when_tmpdir_is_too_small_to_build_in(engine, tmp_path):
     """The first `sandbox up` builds its images in TMPDIR: with 20 MiB there it refuses at once,
     naming the directory and saying to point TMPDIR elsewhere (no mmdebstrap run to fill it)."""
@@ -196,6 +199,7 @@ def test_up_refuses_when_tmpdir_is_too_small_to_build_in(engine, tmp_path):
     assert "error: fix: free some space (e.g. `docker system prune`), or point TMPDIR at a larger disk" in stderr
 
 
+@pytest.mark.sandbox  # a private dockerd (the `engine` fixture)
 def test_up_refuses_when_the_docker_engine_is_too_small_to_import_into(engine, tmp_path):
     """Room in TMPDIR but not where the engine keeps its images: refused, naming the engine's data
     root, and the fix is about that disk (moving TMPDIR would not help)."""
