@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 EXAMPLE_CONFIG = ROOT / "env" / "cluster.example.yaml"
 
 

@@ -7,12 +7,13 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, SHARED
+from conftest import ROOT
 from launcher.cli.commands import main
 from launcher.inputs.profile import load_profile, profile_names
 from test_checkpoint import checkpoint  # noqa: F401  (a small real checkpoint fixture)
 
 GOLDEN = ROOT / "tests" / "golden"
+SEEDS = ROOT / "tests" / "fixtures" / "seeds"  # the lines of the shared seeds these tests read (its README)
 
 
 def plan_json(path, *extra):
@@ -54,9 +55,7 @@ def test_plan_shows_the_supervisors_settings(write_config):
 
 
 def seed_text(name):
-    path = next((SHARED / "seeds").glob(f"{name}_*.txt"), None)
-    if path is None:
-        pytest.skip("no ../shared/seeds beside this checkout")
+    (path,) = SEEDS.glob(f"{name}_*.txt")
     return path.read_text()
 
 
