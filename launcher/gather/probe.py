@@ -9,6 +9,7 @@ commands (pings, sudo steps) reuse the same SSH connections.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -87,7 +88,21 @@ def probe_rank(conn: Connection, loaded: Loaded, timeout: float = PROBE_TIMEOUT_
     except FactError as e:  # a part in a shape the probe never prints: this rank alone fails
         return RankFacts(t.rank, t.label, None, f"{t.name}: the probe's output cannot be used: {e}",
                          result.seconds)
-    return RankFacts(t.rank, t.label, parsed, None, result.seconds, raw.get("container"))
+    return RankFacts(t.rank, t.label, by_content(parsed), None, result.seconds, raw.get("container"))
+
+
+def by_content(facts: Facts) -> Facts:
+    """On containerd's image store a rank's image IDs are manifest digests: each becomes the
+    config digest it stands for where this host knows the manifest (launcher/images/manifests.py),
+    so every row compares images by content, whichever store a rank runs."""
+    from ..images import manifests, spool
+
+    docker = facts.docker
+    if docker is None or not docker.containerd_store:
+        return facts
+    known = manifests.known(spool.SPOOL)
+    images = tuple(dataclasses.replace(i, id=manifests.content_id(i.id, known)) for i in docker.images)
+    return dataclasses.replace(facts, docker=dataclasses.replace(docker, images=images))
 
 
 def _why(result) -> str:

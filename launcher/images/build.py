@@ -268,7 +268,7 @@ def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda lin
         refs = [chain.base.name] + [s.tag for s in chain.stages]
         command = rank_facts.image_ids_command(refs, label=f"{LABEL}.chain")
         probes = {r.target.rank: r for r in group.run(command, timeout=60).results}
-        have = {rank: rank_facts.parse_image_ids(r.stdout) for rank, r in probes.items() if r.ok}
+        have = {rank: _by_content(rank_facts.parse_image_ids(r.stdout)) for rank, r in probes.items() if r.ok}
         chain = _chain_for_ranks(loaded, chain, have)
 
         def one(conn) -> RankBuild:
@@ -280,6 +280,16 @@ def build_on_ranks(loaded, chain: Chain, say: Callable[[str], None] = lambda lin
     finally:
         if own:
             group.close()
+
+
+def _by_content(have: dict[str, RankImage]) -> dict[str, RankImage]:
+    """A containerd store's image IDs as the config digests they stand for (images/manifests.py)."""
+    from dataclasses import replace
+
+    from . import manifests, spool
+
+    known = manifests.known(spool.SPOOL)
+    return {ref: replace(image, id=manifests.content_id(image.id, known)) for ref, image in have.items()}
 
 
 def _raised(outcome, say: Callable[[str], None]) -> RankBuild:

@@ -13,6 +13,12 @@ equals this host's, so a failed or interrupted ship never leaves a half-shipped 
 With --relay the ranks pull from a registry cache on rank 0 instead (launcher/images/relay.py),
 fed by a registry on this host (launcher/images/registry.py).
 
+Docker's two image stores: a rank on containerd's image store (Docker 29+ installs, some Spark OEM
+images) takes no save-format tar that lacks a layer, and names an image by its manifest's digest.
+It gets an OCI layout with only the layers it lacks (spool.oci_tar), its image is known by the
+config its manifest names (launcher/images/manifests.py), and only then tagged, as on the classic
+store. A rank's store is asked with its layers (RANK_LAYERS).
+
 Where a first ship's time goes (measured on the sandbox, scripts/bench_ship.py): the rank's
 `docker load` unpacks the whole stream into a temporary directory and only then applies the layers,
 so a first ship takes at least the save plus that apply, the naive `docker save | ssh docker load`
@@ -26,6 +32,7 @@ nor another process for the GIL would move a first ship faster.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -48,8 +55,13 @@ PULL_TIMEOUT_S = 3600
 PROGRESS_S = 2.0  # a rank's progress line at most this often
 # every image's diff IDs, one image a line; a failed inspect (an image deleted meanwhile) only
 # makes the rank look poorer, and it is sent more
-RANK_LAYERS = ("ids=$(docker image ls -aq --no-trunc) || exit $?; echo \"$ids\" | sort -u | "
+# and first its image store (launcher/facts/docker.py parse_store reads it)
+STORE_PREFIX = "store "
+RANK_LAYERS = ("docker info --format '" + STORE_PREFIX + "{\"Driver\":{{json .Driver}},\"DriverStatus\":{{json .DriverStatus}}}' "
+               "|| exit $?; ids=$(docker image ls -aq --no-trunc) || exit $?; echo \"$ids\" | sort -u | "
                "xargs -r docker image inspect --format '{{range .RootFS.Layers}}{{.}} {{end}}' 2>/dev/null; true")
+LOAD_COMMAND = "docker load -q"
+CONTAINERD = "containerd"
 
 
 @dataclass
@@ -78,6 +90,8 @@ class ShipPlan:
     haves: dict[int, dict[str, int]] | None = None
     diff_ids: dict[str, list[str]] = field(default_factory=dict)
     sources: dict[str, "Source"] = field(default_factory=dict)
+    stores: dict[int, str] = field(default_factory=dict)  # rank -> "containerd" or "classic" (plan_layers)
+    notes: dict[int, list[str]] = field(default_factory=dict)  # rank -> what its store changes in how it is sent
 
     @property
     def needed(self) -> list[str]:
@@ -159,10 +173,11 @@ def plan_layers(plan: ShipPlan, group: Group, engine: "LocalDocker | None" = Non
         if not result.ok:
             rank.status, rank.error = Status.FAILED, docker_hint(result.why(), result.target.name)
             continue
-        chains = [line.split() for line in result.stdout.splitlines()]
+        store, chains = rank_layers(result.stdout)
+        plan.stores[rank.rank] = store
         plan.haves[rank.rank] = {}
         for ref in rank.images:
-            plan.haves[rank.rank][ref] = have_layers(plan.diff_ids[ref], chains)
+            plan.haves[rank.rank][ref] = _sendable(plan, rank.rank, ref, have_layers(plan.diff_ids[ref], chains))
             chains.append(plan.diff_ids[ref])  # the next image may stand on this one
     registry = shutil.which(REGISTRY_BINARY) is not None
     for ref in plan.needed:
@@ -176,6 +191,40 @@ def plan_layers(plan: ShipPlan, group: Group, engine: "LocalDocker | None" = Non
                                registered(ids, STORAGE) if registry else frozenset(), config, registry)
         plan.sources[ref] = source.choose(ref, layers, min(haves))
     return plan
+
+
+def rank_layers(stdout: str) -> tuple[str, list[list[str]]]:
+    """RANK_LAYERS' answer: the rank's image store and its images' diff ID chains."""
+    from ..facts.docker import parse_store
+
+    store, chains = "classic", []
+    for line in stdout.splitlines():
+        if line.startswith(STORE_PREFIX):
+            try:
+                _, containerd = parse_store(json.loads(line[len(STORE_PREFIX):]))
+            except ValueError:
+                containerd = None
+            store = CONTAINERD if containerd else "classic"
+        elif line.strip():
+            chains.append(line.split())
+    return store, chains
+
+
+def _sendable(plan: ShipPlan, rank: int, ref: str, have: int) -> int:
+    """How many of the image's lowest layers need not be sent to this rank. A rank on
+    containerd's store gets a manifest naming every layer, so the tar sizes of the layers it has
+    must be known here (an earlier save passed them); else it gets the whole save, and says so."""
+    from . import spool
+
+    if have == 0 or plan.stores.get(rank) != CONTAINERD:
+        return have
+    lower = plan.diff_ids[ref][:have]
+    if len(spool.known_sizes(spool.SPOOL, lower)) == len(lower):
+        return have
+    plan.notes.setdefault(rank, []).append(
+        f"{ref}: containerd's image store, and this host has not seen its lower layers pass "
+        "(their tar sizes name them in its manifest): the whole image is sent")
+    return 0
 
 
 def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimit: int = 0) -> None:
@@ -218,7 +267,7 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimi
 
     def ship_one(conn: Connection, rank: RankShip) -> None:
         _load_rank(conn, rank, plan.local_ids, [(ref, saves[ref], plan.haves[rank.rank][ref]) for ref in rank.images], say,
-                   bwlimit)
+                   bwlimit, containerd=plan.stores.get(rank.rank) == CONTAINERD)
 
     _each_rank(todo, by_rank, ship_one, say)
     for ref, spooling in saves.items():
@@ -229,8 +278,9 @@ def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimi
 
 
 def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], loads: list[tuple], say,
-               bwlimit: int = 0) -> None:
-    """`loads`: per image (ref, its spool, how many of its lowest layers the rank has)."""
+               bwlimit: int = 0, containerd: bool = False) -> None:
+    """`loads`: per image (ref, its spool, how many of its lowest layers the rank has). The image
+    loads untagged; it gets its tag once its ID is the build host's image (`_tag_verified`)."""
     from . import spool
 
     started = time.monotonic()
@@ -245,9 +295,11 @@ def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], load
     try:
         for ref, spooling, have, feed in streams:
             failed: list[Exception] = []
-            chunks = feed if feed is not None else spool.load_tar(spooling, have)
-            result = conn.run(_load_command(ref, local_ids[ref]), timeout=PULL_TIMEOUT_S,
-                              stdin=progress.count(_noting(chunks, failed)))
+            if feed is not None:
+                chunks = feed
+            else:
+                chunks = spool.oci_tar(spooling, have) if containerd else spool.load_tar(spooling, have)
+            result = conn.run(LOAD_COMMAND, timeout=PULL_TIMEOUT_S, stdin=progress.count(_noting(chunks, failed)))
             rank.bytes = progress.moved
             rank.missing = max(missing() or 0, rank.bytes)
             if failed:
@@ -255,6 +307,10 @@ def _load_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], load
                 return
             if not result.ok:
                 rank.status, rank.error = Status.FAILED, docker_hint(result.why(), conn.target.name)
+                return
+            why = _tag_verified(conn, ref, local_ids[ref], _loaded_id(result.stdout), spooling.manifest())
+            if why:
+                rank.status, rank.error = Status.FAILED, f"{conn.target.name}: {why}"
                 return
         rank.status = Status.SHIPPED
     finally:
@@ -318,27 +374,53 @@ class Progress:
                 f"{rate / 1e6:.1f} MB/s, ETA {eta:.0f} s")
 
 
-def _load_command(ref: str, image_id: str) -> str:
-    """Load the tar on stdin (it names no tag: the image loads by ID), check the image ID, and
-    only then give it its tag."""
-    want, r = shlex.quote(image_id), shlex.quote(ref)
-    return (f"out=$(docker load -q) && id=$(printf '%s\\n' \"$out\" | sed -n 's/^Loaded image ID: //p' | tail -n 1) && "
-            f"if [ \"$id\" != {want} ]; then "
-            f"echo \"docker load gave image ${{id:-(no ID: $out)}}, not the build host's {image_id}\" >&2; exit 3; fi && "
-            f"docker tag \"$id\" {r}")
+def _loaded_id(stdout: str) -> str | None:
+    """The image ID `docker load -q` printed for a tar that names no tag."""
+    ids = [line[len("Loaded image ID: "):].strip() for line in stdout.splitlines()
+           if line.startswith("Loaded image ID: ")]
+    return ids[-1] if ids else None
+
+
+def _tag_verified(conn: Connection, ref: str, image_id: str, loaded: str | None, manifest: bytes | None) -> str | None:
+    """Give the loaded image its tag when it is the build host's: its ID is the config's digest
+    (the classic store) or that of the manifest naming that config (containerd's store; the
+    manifest is then kept here, launcher/images/manifests.py). Else why not."""
+    from . import manifests
+
+    accepted = {image_id}
+    if manifest is not None:
+        accepted.add(manifests.digest_of(manifest))
+    if loaded not in accepted:
+        also = f" nor its manifest {manifests.digest_of(manifest)}" if manifest is not None else ""
+        return (f"docker load gave image {loaded or '(no ID)'}, not the build host's {image_id}{also}; "
+                "re-run `sparkstack ship`")
+    if loaded != image_id:
+        from .spool import SPOOL
+
+        manifests.remember(manifest, SPOOL)
+    result = conn.run(f"docker tag {shlex.quote(loaded)} {shlex.quote(ref)}", timeout=60)
+    return None if result.ok else docker_hint(result.why(), conn.target.name)
 
 
 def _apply_registry(plan: ShipPlan, group: Group, todo: list[RankShip], say, relay: "Route") -> None:
     """The relay's way: this host's registry, rank 0's cache in front of it."""
     from .registry import LocalRegistry
 
+    from . import manifests, spool
+
     by_rank = {c.target.rank: c for c in group.connections}
     with LocalRegistry() as registry:
+        accepted = {}
         for ref in plan.needed:
             registry.push(ref)
+            # a rank on containerd's store names the pulled image by this manifest's digest
+            pushed = registry.manifest_bytes(registry.name(ref))
+            accepted[ref] = [plan.local_ids[ref]]
+            if manifests.config_of(pushed) == plan.local_ids[ref]:
+                accepted[ref].append(manifests.remember(pushed, spool.SPOOL))
 
         def ship_many(ranks: list[RankShip], cache) -> None:
-            _each_rank(ranks, by_rank, lambda conn, rank: _relay_rank(conn, rank, plan.local_ids, registry, cache), say)
+            _each_rank(ranks, by_rank, lambda conn, rank: _relay_rank(conn, rank, accepted, registry, cache), say)
 
         _apply_relayed(plan, by_rank, registry, relay, todo, ship_many, say)
 
@@ -403,15 +485,17 @@ def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", rou
         head_ship.bytes = counter.total  # every relayed blob crossed rank 0's SSH connection
 
 
-def _relay_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], registry: "LocalRegistry",
+def _relay_rank(conn: Connection, rank: RankShip, accepted: dict[str, list[str]], registry: "LocalRegistry",
                 cache) -> None:
+    """`accepted`: per ref, the image IDs that are the build host's image (its config's digest,
+    and the digest of its manifest in this host's registry: a containerd store's ID for it)."""
     from . import relay
 
     started = time.monotonic()
     try:
         for ref in rank.images:
             command, script = relay.pull_invocation(
-                cache, _pull_command(registry.name(ref, "{port}"), ref, local_ids[ref]))
+                cache, _pull_command(registry.name(ref, "{port}"), ref, accepted[ref]))
             result = conn.run(command, stdin=script, timeout=PULL_TIMEOUT_S)
             if not result.ok:
                 rank.status, rank.error = Status.FAILED, docker_hint(result.why(), conn.target.name)
@@ -421,7 +505,7 @@ def _relay_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], reg
         rank.seconds = round(time.monotonic() - started, 3)
 
 
-def _pull_command(source: str, ref: str, image_id: str) -> str:
+def _pull_command(source: str, ref: str, accepted: list[str]) -> str:
     """Pull through the forward, check the image ID, and only then give it its real tag.
 
     First, stop pulls of the same image left behind by an earlier ship whose connection died
@@ -429,13 +513,15 @@ def _pull_command(source: str, ref: str, image_id: str) -> str:
     for over a minute, and a new pull of the same layer joins that download instead of starting
     afresh (measured: 75 s lost in the sshd-killed fault test). Stopping the old CLI cancels it."""
     s, r = shlex.quote(source), shlex.quote(ref)
+    image_id = accepted[0]
+    ids = "|".join(shlex.quote(i) for i in accepted)
     path = ImageRef.parse(source).tagged  # "127.0.0.1:<port>/<path>": any port, this image
     stale = shlex.quote("[d]ocker pull -q 127[.]0[.]0[.]1:[0-9]+/" + re.escape(path) + "$")
     return (f"pkill -f -- {stale} && sleep 0.5; "
             f"docker pull -q {s} >/dev/null && "
             f"id=$(docker image inspect --format '{{{{.Id}}}}' {s}) && "
-            f"if [ \"$id\" != {shlex.quote(image_id)} ]; then docker rmi {s} >/dev/null; "
-            f"echo \"image ID $id differs from the build host's {image_id}\" >&2; exit 3; fi && "
+            f"case \"$id\" in {ids}) ;; *) docker rmi {s} >/dev/null; "
+            f"echo \"image ID $id differs from the build host's {image_id}\" >&2; exit 3;; esac && "
             f"docker tag {s} {r} && docker rmi {s} >/dev/null; "
             f"rc=$?; [ $rc -eq 0 ] || docker rmi {s} >/dev/null 2>&1; exit $rc")
 

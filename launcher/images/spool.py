@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..errors import SparkstackError
+from . import manifests
 
 SPOOL = Path("~/.cache/sparkstack/spool").expanduser()
 KEEP_IMAGES = 4       # the most recently spooled images whose layers are kept
@@ -48,6 +49,7 @@ class Spooling:
         self.done = False
         self.save_bytes = 0     # the whole save's size, once it has passed
         self.feeds: list[Feed] = []  # readers of the save stream as it passes, for ranks lacking it all
+        self.sizes: dict[str, int] = {}  # diff ID -> its tar's size, as this spool learned them
         self._ready: set[str] = set()
         self._changed = threading.Condition()
 
@@ -100,6 +102,17 @@ class Spooling:
             if not wanted <= self._ready:
                 return None
         return sum(member_size(self.path(d).stat().st_size) for d in wanted) + 2 * tarfile.BLOCKSIZE
+
+    def manifest(self) -> bytes | None:
+        """The manifest this image has on a rank with containerd's image store
+        (launcher/images/manifests.py), once the config is here; None while the tar size of one
+        of its layers is not known on this host."""
+        if self.config is None:
+            return None
+        sizes = known_sizes(self.root, self.diff_ids, self.sizes)
+        if len(sizes) < len(self.diff_ids):
+            return None
+        return manifests.docker_manifest(self.config, [(d, sizes[d]) for d in self.diff_ids])
 
     def take_feed(self) -> "Feed | None":
         """A reader of the save stream, verbatim, if this spool is reading one and a reader is left."""
@@ -180,6 +193,26 @@ def spooled(image_id: str, diff_ids: list[str], root: Path | None = None) -> tup
     return have, _read_config(spooling._index()) is not None
 
 
+def known_sizes(root: Path, diff_ids: list[str], learned: dict[str, int] | None = None) -> dict[str, int]:
+    """The tar size of each of these layers that this host knows: learned by this ship, a layer
+    file in the spool, or recorded when an earlier save passed (launcher/images/manifests.py)."""
+    recorded = None
+    out = {}
+    for diff_id in diff_ids:
+        if learned and diff_id in learned:
+            out[diff_id] = learned[diff_id]
+            continue
+        try:
+            out[diff_id] = (root / "layers" / diff_id.split(":")[-1]).stat().st_size
+            continue
+        except OSError:
+            pass
+        recorded = manifests.sizes(root) if recorded is None else recorded
+        if diff_id in recorded:
+            out[diff_id] = recorded[diff_id]
+    return out
+
+
 def _read_config(index: Path) -> bytes | None:
     try:
         return json.loads(index.read_text())["config"].encode()
@@ -188,10 +221,10 @@ def _read_config(index: Path) -> bytes | None:
 
 
 def _prepare_root(root: Path) -> None:
-    if root.is_symlink():
-        raise SpoolError(f"{root} is a symbolic link: remove it or its target yourself")
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o700)  # it holds every image shipped
+    try:
+        manifests.prepare_root(root)
+    except SparkstackError as e:
+        raise SpoolError(e.message) from None
 
 
 def _prepare(root: Path) -> None:
@@ -226,9 +259,7 @@ def _spool_guarded(engine, spooling: Spooling, keep: bool, tee: "Tee | None") ->
         if keep:
             _spool(chunks, spooling)
         else:
-            for _ in chunks:
-                pass
-            spooling._note(done=True)
+            _passed(chunks, spooling)
     except SpoolError as e:
         spooling._note(error=e)
     except Exception as e:  # this host's disk; docker-py's errors, the engine gone mid-save
@@ -351,10 +382,10 @@ class _Stream:
 
 
 def _members(stream: _Stream):
-    """(size, pieces) of every regular file in a tar stream, its data read as it is iterated
-    (the caller must read it all). Names do not matter here: files are known by their hash. A
-    pax header may carry the next file's size (past 8 GiB)."""
-    size_override = None
+    """(name, size, pieces) of every regular file in a tar stream, its data read as it is
+    iterated (the caller must read it all). A pax header may carry the next file's size (past
+    8 GiB) or its long name; so may GNU's long-name header."""
+    size_override = name_override = None
     while True:
         header = stream.read(tarfile.BLOCKSIZE)
         if header == bytes(tarfile.BLOCKSIZE):
@@ -365,12 +396,15 @@ def _members(stream: _Stream):
             data = stream.read(size)
             stream.read(-size % tarfile.BLOCKSIZE)
             if info.type == tarfile.XHDTYPE:
-                size_override = _pax_size(data)
+                size_override, name_override = _pax_size(data), _pax_field(data, b"path")
+            elif info.type == tarfile.GNUTYPE_LONGNAME:
+                name_override = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
         if size_override is not None:
             size, size_override = size_override, None
+        name, name_override = name_override or info.name, None
         if info.type in tarfile.REGULAR_TYPES:
-            yield size, stream.pieces(size)
+            yield name, size, stream.pieces(size)
         else:
             for _ in stream.pieces(size):
                 pass
@@ -378,10 +412,15 @@ def _members(stream: _Stream):
 
 
 def _pax_size(data: bytes) -> int | None:
+    value = _pax_field(data, b"size")
+    return int(value) if value is not None else None
+
+
+def _pax_field(data: bytes, key: bytes) -> str | None:
     for record in data.split(b"\n"):
         _, _, field = record.partition(b" ")
-        if field.startswith(b"size="):
-            return int(field[5:])
+        if field.startswith(key + b"="):
+            return field[len(key) + 1:].decode("utf-8", "surrogateescape")
     return None
 
 
@@ -394,12 +433,13 @@ def _spool(chunks, spooling: Spooling) -> None:
     with tempfile.TemporaryDirectory(dir=spooling.root, prefix=".spooling-") as tmp:
         path = Path(tmp) / "member"
         stream = _Stream(chunks)
-        for _, pieces in _members(stream):
+        for _, size, pieces in _members(stream):
             digest = _copy_hashed(pieces, path)
             if digest in wanted:
                 target = spooling.path("sha256:" + digest)
                 if not target.exists():  # else an earlier save brought the same layer
                     os.replace(path, target)
+                spooling.sizes["sha256:" + digest] = size
                 spooling._note(layer="sha256:" + digest)
             elif digest == image:
                 config = path.read_bytes()
@@ -408,6 +448,42 @@ def _spool(chunks, spooling: Spooling) -> None:
     if config is None:
         raise SpoolError(f"`docker save` of {spooling.image_id} held no config with that digest; re-run")
     _write_index(spooling, config)
+    manifests.note_sizes(spooling.sizes, spooling.root)
+    spooling._note(config=config, done=True)
+
+
+SMALL = 4 << 20  # a save's metadata files (manifest.json, the config) are kept in memory to read
+
+
+def _passed(chunks, spooling: Spooling) -> None:
+    """A save that is not kept: only its members' sizes and small files are read as it passes
+    (no hashing, nothing written), and its manifest.json names which member is which layer and
+    the config: each layer's tar size and the config, what a containerd rank's image ID needs."""
+    sizes, small = {}, {}
+    stream = _Stream(chunks)
+    for name, size, pieces in _members(stream):
+        sizes[name] = size
+        if size <= SMALL:
+            small[name] = b"".join(pieces)
+        else:
+            for _ in pieces:
+                pass
+    for _ in stream._chunks:
+        pass
+    try:
+        listed = json.loads(small["manifest.json"])[0]
+        layers, config = listed["Layers"], small[listed["Config"]]
+    except (KeyError, IndexError, ValueError, TypeError):
+        raise SpoolError(f"`docker save` of {spooling.image_id} held no readable manifest.json; re-run") from None
+    if manifests.digest_of(config) != spooling.image_id or len(layers) != len(spooling.diff_ids):
+        raise SpoolError(f"`docker save` of {spooling.image_id} held another image's manifest.json; re-run")
+    # a layer repeated in the image is a link to its first copy in a legacy save: same diff ID
+    spooling.sizes.update({d: sizes[name] for d, name in zip(spooling.diff_ids, layers) if name in sizes})
+    if set(spooling.diff_ids) - set(spooling.sizes):
+        raise SpoolError(f"`docker save` of {spooling.image_id} did not hold every layer; re-run")
+    manifests.note_sizes(spooling.sizes, spooling.root)
+    (spooling.root / "images").mkdir(exist_ok=True)
+    _write_index(spooling, config)  # the config: a later ship of this image to a rank that has its layers reads nothing
     spooling._note(config=config, done=True)
 
 
@@ -434,6 +510,39 @@ def load_tar(spooling: Spooling, have: int):
     yield from _member("config.json", config)
     yield from _member("manifest.json", manifest)
     yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+OCI_INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+
+
+def oci_tar(spooling: Spooling, have: int):
+    """The chunks of a tar for `docker load` on a rank with containerd's image store, which takes
+    no save-format tar that lacks a layer file ("failed to resolve layers"), but does take an OCI
+    layout whose manifest names blobs its content store holds: the layers above the `have` lowest,
+    each as soon as it is ready, then the config, the manifest that store would have written for
+    the whole save (so the image ID is the same either way) and index.json (no name: the image
+    loads untagged, by ID). Measured on Docker 26.1, tests/test_ship.py."""
+    wanted = set(spooling.diff_ids[have:])
+    while (diff_id := spooling.next_ready(wanted)) is not None:
+        wanted.discard(diff_id)
+        yield from _member(_blob(diff_id), spooling.path(diff_id))
+    config = spooling.finished()
+    manifest = spooling.manifest()
+    if manifest is None:
+        raise SpoolError(f"the tar size of a layer of {spooling.image_id} is not known on this host "
+                         "(`sparkstack registry-prune` emptied the spool?); re-run: the next ship sends the whole image")
+    digest = manifests.digest_of(manifest)
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX_TYPE,
+             "manifests": [{"mediaType": manifests.MANIFEST_TYPE, "digest": digest, "size": len(manifest)}]}
+    yield from _member(_blob(manifests.digest_of(config)), config)
+    yield from _member(_blob(digest), manifest)
+    yield from _member("index.json", json.dumps(index, separators=(",", ":")).encode())
+    yield from _member("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def _blob(digest: str) -> str:
+    return "blobs/sha256/" + digest.split(":")[-1]
 
 
 def _member(name: str, source: bytes | Path):

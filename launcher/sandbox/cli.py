@@ -53,13 +53,17 @@ def sandbox():
 @click.option("--topology", type=click.Choice(["ring", "switch"]), default=None,
               help="cable the fabric as a ring (two ports a rank, a /30 a link) or to one switch "
                    "(one port a rank, one /24); default: $SPARKSTACK_SANDBOX_TOPOLOGY, else ring")
+@click.option("--stores", default=None, metavar="STORES",
+              help="each rank's Docker image store: classic (overlay2), containerd (Docker 29+'s "
+                   "default), mixed (the last rank on containerd), or one per rank, comma-separated; "
+                   "default: $SPARKSTACK_SANDBOX_STORES, else mixed; a rank made with another is re-made")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @_friendly
-def up(state_dir, ranks, topology, as_json):
+def up(state_dir, ranks, topology, stores, as_json):
     """Create the ranks (or adopt running ones), cable their fabric, and write cluster.yaml."""
     from . import cluster
 
-    result = cluster.up(state_dir, progress=_progress, ranks=ranks, cabling=topology)
+    result = cluster.up(state_dir, progress=_progress, ranks=ranks, cabling=topology, docker_stores=stores)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -83,6 +83,8 @@ RANK_LABEL = "org.sparkstack.sandbox.rank"
 IMAGE_LABEL = "org.sparkstack.sandbox.image"
 STATE_LABEL = "org.sparkstack.sandbox.state"  # the state dir whose keys the rank was made with
 MEMINFO_LABEL = "org.sparkstack.sandbox.meminfo"  # "gb10" (fake Spark meminfo) or "host"
+STORE_LABEL = "org.sparkstack.sandbox.store"  # the rank's Docker image store at creation (stores())
+STORES = ("classic", "containerd")
 BARE_LABEL = "org.sparkstack.sandbox.bare"  # "1" on what the bare sandbox made (links.bare())
 NETWORK = "sparkstack-sandbox"
 DEFAULT_SUBNET = "172.31.240.0/24"
@@ -158,6 +160,24 @@ def n_ranks(value: int | None = None) -> int:
         raise SandboxError(f"a sandbox of {raw!r} ranks is not possible",
                            f"use 2 to {MAX_RANKS} ranks (`sandbox up --ranks 4`)")
     return n
+
+
+def stores(value: str | None, n: int) -> list[str]:
+    """Each rank's Docker image store at creation: the argument, else $SPARKSTACK_SANDBOX_STORES
+    (`classic`, `containerd`, `mixed`, or one per rank, comma-separated), else mixed: the last rank
+    on containerd's image store (Docker 29+ installs, some Spark OEM images), the others on the
+    classic overlay2, as fleets are. A rank switched by hand keeps its switch until it is re-made."""
+    chosen = value or os.environ.get("SPARKSTACK_SANDBOX_STORES") or "mixed"
+    if chosen == "mixed":
+        return ["classic"] * (n - 1) + ["containerd"]
+    listed = [x.strip() for x in chosen.split(",")]
+    if len(listed) == 1:
+        listed *= n
+    if len(listed) != n or any(x not in STORES for x in listed):
+        raise SandboxError(f"no sandbox Docker stores {chosen!r} for {n} ranks",
+                           "use --stores classic, containerd, mixed, or one per rank "
+                           "(e.g. classic,classic,classic,containerd)")
+    return listed
 
 
 def rank_names(n: int) -> list[str]:
@@ -387,7 +407,7 @@ def _meminfo_mode() -> str:
     return "gb10" if meminfo_mod.enabled() else "host"
 
 
-def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
+def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net, store: str = "classic"):
     import docker.errors
 
     p = paths(state_dir)
@@ -425,9 +445,9 @@ def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
         cid = api.create_container(
             image, name=container_name(name), hostname=name, detach=True,
             labels={LABEL: "1", RANK_LABEL: name, IMAGE_LABEL: image, STATE_LABEL: str(state_dir),
-                    MEMINFO_LABEL: _meminfo_mode(), **_bare_label()},
+                    MEMINFO_LABEL: _meminfo_mode(), STORE_LABEL: store, **_bare_label()},
             host_config=host_config, networking_config=networking,
-            environment={"SANDBOX_RANK": name})["Id"]
+            environment={"SANDBOX_RANK": name, "SANDBOX_DOCKER_STORE": store})["Id"]
         api.start(cid)
     except docker.errors.APIError as e:
         msg = e.explanation or str(e)
@@ -439,7 +459,8 @@ def _create_rank(client, i: int, name: str, image: str, state_dir: Path, net):
     return client.containers.get(cid)
 
 
-def _ensure_rank(client, i: int, name: str, image: str, state_dir: Path, net) -> tuple[object, str]:
+def _ensure_rank(client, i: int, name: str, image: str, state_dir: Path, net,
+                 store: str = "classic") -> tuple[object, str]:
     """Adopt a healthy container of ours, recreate a stale one, refuse a foreign one."""
     c = _find_container(client, name)
     if c is not None:
@@ -452,15 +473,15 @@ def _ensure_rank(client, i: int, name: str, image: str, state_dir: Path, net) ->
         addr = (nets.get(network_name()) or {}).get("IPAddress")
         if (c.status == "running" and labels.get(IMAGE_LABEL) == image
                 and labels.get(STATE_LABEL) == str(state_dir) and addr == rank_address(i, net)
-                and labels.get(MEMINFO_LABEL) == _meminfo_mode()
+                and labels.get(MEMINFO_LABEL) == _meminfo_mode() and labels.get(STORE_LABEL) == store
                 and (_inner_docker_ok(c) or _started_recently(c))):
             return c, "adopted"
         # a leftover of a crashed or older run: stopped, another image, another subnet, or made
         # from another state dir (its host keys would not match this known_hosts)
         c.remove(force=True)
-        _create = _create_rank(client, i, name, image, state_dir, net)
+        _create = _create_rank(client, i, name, image, state_dir, net, store)
         return _create, "recreated"
-    return _create_rank(client, i, name, image, state_dir, net), "created"
+    return _create_rank(client, i, name, image, state_dir, net, store), "created"
 
 
 def _started_recently(c, seconds: float = READY_TIMEOUT_S) -> bool:
@@ -535,9 +556,10 @@ def _image_tar(client, tag: str, image_id: str, images_dir: Path) -> Path:
 
 def _load_into_rank(container, tag: str, image_id: str, tar: Path) -> str:
     """The rank's engine gets the stand-in unless it has this very image (by ID: a tag this host
-    has rebuilt would otherwise leave the rank serving the old one, which `check` then fails)."""
+    has rebuilt would otherwise leave the rank serving the old one, which `check` then fails; on
+    containerd's image store its ID is the manifest's that this tar gives, tar_store_id)."""
     there = container.exec_run(["docker", "image", "inspect", "--format", "{{.Id}}", tag])
-    if there.exit_code == 0 and there.output.decode().strip() == image_id:
+    if there.exit_code == 0 and there.output.decode().strip() in (image_id, tar_store_id(tar)):
         return "present"
     res = container.exec_run(["docker", "load", "-q", "-i", f"/sandbox/images/{tar.name}"])
     if res.exit_code != 0:
@@ -545,6 +567,27 @@ def _load_into_rank(container, tag: str, image_id: str, tar: Path) -> str:
                            f"{res.output.decode(errors='replace').strip()}",
                            f"check `docker exec {container.name} docker info`")
     return "loaded"
+
+
+def tar_store_id(tar: Path) -> str:
+    """The ID containerd's image store gives the image of this `docker save` tar (its manifest's
+    digest, launcher/images/manifests.py): from the tar's own manifest.json, config and sizes."""
+    import tarfile
+
+    from ..images import manifests
+
+    with tarfile.open(tar) as t:
+        listed = json.load(t.extractfile("manifest.json"))[0]
+        config = t.extractfile(listed["Config"]).read()
+        members = {m.name: m for m in t.getmembers()}
+        sizes = []
+        for name in listed["Layers"]:
+            member = members[name]
+            while member.issym():  # a repeated layer links to its first copy
+                member = members[os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))]
+            sizes.append(member.size)
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    return manifests.digest_of(manifests.docker_manifest(config, list(zip(diff_ids, sizes))))
 
 
 def write_cluster_yaml(state_dir: Path, net, base_image: str, n: int, cabling: str = "ring") -> Path:
@@ -591,13 +634,15 @@ def _exclusive(progress=print):
 
 
 def up(state_dir: Path | None = None, progress=print, ranks: int | None = None,
-       cabling: str | None = None) -> dict:
+       cabling: str | None = None, docker_stores: str | None = None) -> dict:
     """Create (or adopt) the sandbox of `ranks` ranks (see n_ranks), cabled as a ring or to a
-    switch (see topology); idempotent: ranks beyond that number are removed, the other
-    topology's cables too. Returns what status() returns plus timings."""
+    switch (see topology), each rank's Docker on the image store `stores` gives (default mixed);
+    idempotent: ranks beyond that number are removed, the other topology's cables too, a rank
+    made with another store is re-made. Returns what status() returns plus timings."""
     n, cabling = n_ranks(ranks), topology(cabling)
+    per_rank = stores(docker_stores, n)
     with _exclusive(progress):
-        return _up(state_dir, progress, n, cabling)
+        return _up(state_dir, progress, n, cabling, per_rank)
 
 
 def _remove_extra_ranks(client, n: int) -> list[str]:
@@ -615,7 +660,7 @@ def _remove_extra_ranks(client, n: int) -> list[str]:
     return gone
 
 
-def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
+def _up(state_dir: Path | None, progress, n: int, cabling: str, per_rank: list[str]) -> dict:
     t0 = time.monotonic()
     state_dir = (Path(state_dir) if state_dir else state_dir_default()).expanduser().resolve()
     net = subnet()
@@ -629,7 +674,7 @@ def _up(state_dir: Path | None, progress, n: int, cabling: str) -> dict:
     names = rank_names(n)
     actions = {}
     with cf.ThreadPoolExecutor(n) as pool:
-        futs = {name: pool.submit(_ensure_rank, client, i, name, images["rank"], state_dir, net)
+        futs = {name: pool.submit(_ensure_rank, client, i, name, images["rank"], state_dir, net, per_rank[i])
                 for i, name in enumerate(names)}
         containers = {}
         for name, fut in futs.items():

@@ -181,6 +181,16 @@ for home in /root /home/spark; do
     install -m 0600 -o "$owner" /sandbox/ssh/authorized_keys "$home/.ssh/authorized_keys"
 done
 
+# The rank's image store, set once (the container's first start; a switch by hand then stays):
+# containerd's (as on Docker 29+ installs and some Spark OEM images) or the classic overlay2.
+if [ ! -e /etc/docker/.sandbox-store ]; then
+    mkdir -p /etc/docker
+    if [ "${SANDBOX_DOCKER_STORE:-classic}" = containerd ]; then
+        echo '{"features": {"containerd-snapshotter": true}}' > /etc/docker/daemon.json
+    fi
+    echo "${SANDBOX_DOCKER_STORE:-classic}" > /etc/docker/.sandbox-store
+fi
+
 # The rank's own Docker engine (sandbox-dockerd, below).
 /usr/local/sbin/sandbox-dockerd &
 
@@ -234,10 +244,16 @@ os.execv("/usr/sbin/runc", ["runc", *args])
 # a volume on overlayfs), vfs (slow, always works) -- only then: an engine that was stopped or
 # crashed stays down, as a real one does, instead of coming back with an empty vfs store. Every
 # container it starts runs through sandbox-runc: it sees this rank's meminfo and fabric fixtures,
-# as a container on a real Spark sees the host's /proc/meminfo and sysfs.
+# as a container on a real Spark sees the host's /proc/meminfo and sysfs. With containerd's image
+# store on in /etc/docker/daemon.json (the rank's init, or a switch by hand), no --storage-driver:
+# Docker 26.1 would take `overlay2` for a containerd snapshotter's name and load no image
+# ("snapshotter not loaded: overlay2"); containerd's default, overlayfs, is what a Spark runs.
 SANDBOX_DOCKERD = r"""#!/bin/sh
 RUNTIME="--add-runtime=sandbox-runc=/usr/local/sbin/sandbox-runc --default-runtime=sandbox-runc"
 LOG=/var/log/dockerd.log
+if grep -qs '"containerd-snapshotter": *true' /etc/docker/daemon.json; then
+    exec dockerd --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>$LOG 2>&1
+fi
 dockerd --storage-driver=overlay2 --mtu=1400 --bip=10.77.0.1/24 $RUNTIME >>$LOG 2>&1 && exit 0
 tail -n 5 $LOG | grep -q "error initializing graphdriver" || exit 1
 echo "sandbox-dockerd: overlay2 failed, using vfs" >>$LOG
