@@ -23,7 +23,7 @@ HEADER = "since the last good start"
 class Change:
     rank: int
     host: str
-    fact: str  # link | mtu | address | gid index | rdma | driver | image | memory
+    fact: str  # link | mtu | address | gid index | rdma | driver | docker | image | memory
     subject: str | None  # the netdev or HCA; None for the rank as a whole
     now: object
     then: object
@@ -48,12 +48,26 @@ def compare(then: RankStart, now: RankStart) -> list[Change]:
         add("driver", None, now.driver, then.driver,
             f"NVIDIA driver {_driver(now)}, was {_driver(then)}" if now.driver
             else f"no NVIDIA driver seen, was {_driver(then)}")
+    _docker(add, then, now)
     _image(add, then, now)
     for slot, how in (("mem_serving", "with the engine serving"), ("mem_before", "with no engine running")):
         old, new = getattr(then, slot), getattr(now, slot)
         if old is not None and new is not None and new < old - WELL_BELOW:
             add("memory", slot, new, old, f"MemAvailable {gib(new)} {how}, was {gib(old)}")
     return said
+
+
+def _docker(add, then: RankStart, now: RankStart) -> None:
+    """Docker upgraded, or its image store switched: a daemon that moves to containerd's image
+    store (Docker 29's default for a fresh install; `features.containerd-snapshotter` in
+    /etc/docker/daemon.json) no longer shows any image loaded before, and back again."""
+    if then.store and now.store and now.store != then.store:
+        add("docker", now.store, now.store, then.store,
+            f"Docker {now.docker or '?'} keeps images in the {now.store} image store, was {then.store} "
+            f"(Docker {then.docker or '?'}): the images loaded before are hidden from it; "
+            "`sparkstack ship` sends them again")
+    elif then.docker and now.docker and now.docker != then.docker:
+        add("docker", None, now.docker, then.docker, f"Docker {now.docker}, was {then.docker}")
 
 
 def _image(add, then: RankStart, now: RankStart) -> None:

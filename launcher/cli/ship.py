@@ -38,8 +38,10 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
     uplink carries each missing blob twice in all (the cache's fetch and store), not once per
     rank; `bytes` then shows the uplink's bytes on rank 0. A layer that came by a plain ship has
     no registry digest on the rank: the first relayed pull over it moves it once more.
+    A rank on containerd's image store (Docker 29+ installs) gets the layers it lacks as an OCI
+    layout, and its image is known by the config its manifest names.
     --json prints {"ranks": [{"rank", "host", "images", "bytes", "missing", "seconds", "status",
-    "error"}], "sources": [{"ref", "how", "read_bytes", "seconds", "why"}]}.
+    "error", "store", "how"}], "sources": [{"ref", "how", "read_bytes", "seconds", "why"}]}.
     """
     from ..images import build as build_mod
     from ..images import relay as relay_mod
@@ -63,6 +65,9 @@ def ship(loaded, as_json, refs, dry_run, trust_new_hosts, relay, wait_lock):
     else:
         print_ranks([(r["rank"], r["host"], r["status"], _what_shipped(r)) for r in rows],
                      [r["error"] for r in rows])
+        for r in rows:
+            if r["how"] and r["status"] in (Status.PLANNED, Status.SHIPPED):
+                click.echo(f"rank {r['rank']} ({r['store']} image store) gets {r['how']}")
         for src in sources:
             click.echo(f"this host reads {src['ref']} by {src['how']} (~{src['seconds']:.1f} s): {src['why']}")
     failed = [r for r in shipment.ranks if r.status == Status.FAILED]

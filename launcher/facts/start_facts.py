@@ -5,8 +5,9 @@ and NCCL then fails with `IBV_WC_RETRY_EXC_ERR` with nothing naming the box that
 when `up` gets the cluster serving it keeps, per rank, the few facts whose change explains such a
 failure (apply/last_good.py writes them on the control host): each fabric netdev's link state and
 MTU and its IPv4 addresses, the RoCE v2 GID index NCCL picks on each HCA it uses (as `check`'s gid
-index row shows it), the driver and its CUDA version, the image ID behind the serving image's
-ref, and MemAvailable before the start (caches dropped, no engine) and with the engine serving.
+index row shows it), the driver and its CUDA version, Docker's version and image store (an upgrade to Docker 29 may
+switch to containerd's store, which hides every image loaded before), the image ID behind the
+serving image's ref, and MemAvailable before the start (caches dropped, no engine) and with the engine serving.
 
 Derived from the probe's Facts and the rank's fabric (fabric.py), nothing read here: the same
 derivation makes the facts of the last good start and the facts now, so the two compare field by
@@ -44,6 +45,8 @@ class RankStart:
     image_id: str | None = None  # its ID on the rank ("sha256:..."); "": the rank lacks it; None: not known
     mem_before: int | None = None  # MemAvailable (bytes) with no engine running (before a start)
     mem_serving: int | None = None  # MemAvailable (bytes) with the engine running
+    docker: str | None = None  # the Docker Engine's version ("26.1.5")
+    store: str | None = None  # its image store: classic or containerd (facts/docker.py)
 
     @property
     def label(self) -> str:
@@ -62,7 +65,8 @@ class RankStart:
         gids = data.get("gid_index")
         return cls(int(data["rank"]), str(data["host"]), links,
                    {str(k): v for k, v in gids.items()} if gids is not None else None,
-                   **{k: data.get(k) for k in ("driver", "cuda", "image", "image_id", "mem_before", "mem_serving")})
+                   **{k: data.get(k) for k in ("driver", "cuda", "image", "image_id", "mem_before", "mem_serving",
+                                               "docker", "store")})
 
 
 def fabric_names(facts: Facts, fabric: RankFabric | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -89,10 +93,11 @@ def snapshot(rank: int, host: str, facts: Facts, fabric: RankFabric | None, *, i
         image_id = found.id if found else ""
     if mem_available is None and facts.memory:
         mem_available = facts.memory.available
-    driver = facts.driver
+    driver, docker = facts.driver, facts.docker
     return RankStart(rank, host, links, gids, driver.version if driver else None, driver.cuda if driver else None,
                      image, image_id, None if engine_running else mem_available,
-                     mem_available if engine_running else None)
+                     mem_available if engine_running else None,
+                     docker.server_version if docker else None, docker.store if docker else None)
 
 
 def _link(facts: Facts, netdev: str) -> Link:

@@ -76,6 +76,8 @@ class RankShip:
     missing: int = 0             # what it lacked, as sent (layers + tar headers); relay: 0
     seconds: float = 0.0
     error: str | None = None
+    store: str | None = None     # its Docker's image store, once asked (plan_layers): classic or containerd
+    how: str | None = None       # what it will be sent, and why that way (plan_layers)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -91,7 +93,6 @@ class ShipPlan:
     diff_ids: dict[str, list[str]] = field(default_factory=dict)
     sources: dict[str, "Source"] = field(default_factory=dict)
     stores: dict[int, str] = field(default_factory=dict)  # rank -> "containerd" or "classic" (plan_layers)
-    notes: dict[int, list[str]] = field(default_factory=dict)  # rank -> what its store changes in how it is sent
 
     @property
     def needed(self) -> list[str]:
@@ -174,11 +175,14 @@ def plan_layers(plan: ShipPlan, group: Group, engine: "LocalDocker | None" = Non
             rank.status, rank.error = Status.FAILED, docker_hint(result.why(), result.target.name)
             continue
         store, chains = rank_layers(result.stdout)
-        plan.stores[rank.rank] = store
-        plan.haves[rank.rank] = {}
+        plan.stores[rank.rank] = rank.store = store
+        plan.haves[rank.rank], hows = {}, []
         for ref in rank.images:
-            plan.haves[rank.rank][ref] = _sendable(plan, rank.rank, ref, have_layers(plan.diff_ids[ref], chains))
+            have, how = _sendable(plan, rank.rank, ref, have_layers(plan.diff_ids[ref], chains))
+            plan.haves[rank.rank][ref] = have
+            hows.append(how)
             chains.append(plan.diff_ids[ref])  # the next image may stand on this one
+        rank.how = "; ".join(hows)
     registry = shutil.which(REGISTRY_BINARY) is not None
     for ref in plan.needed:
         haves = [h[ref] for h in plan.haves.values() if ref in h]
@@ -210,21 +214,25 @@ def rank_layers(stdout: str) -> tuple[str, list[list[str]]]:
     return store, chains
 
 
-def _sendable(plan: ShipPlan, rank: int, ref: str, have: int) -> int:
-    """How many of the image's lowest layers need not be sent to this rank. A rank on
-    containerd's store gets a manifest naming every layer, so the tar sizes of the layers it has
-    must be known here (an earlier save passed them); else it gets the whole save, and says so."""
+def _sendable(plan: ShipPlan, rank: int, ref: str, have: int) -> tuple[int, str]:
+    """How many of the image's lowest layers need not be sent to this rank, and what it is sent.
+    A rank on containerd's store gets a manifest naming every layer, so the tar sizes of the
+    layers it has must be known here (an earlier save passed them); else it gets the whole save."""
     from . import spool
 
-    if have == 0 or plan.stores.get(rank) != CONTAINERD:
-        return have
+    n = len(plan.diff_ids[ref])
+    containerd = plan.stores.get(rank) == CONTAINERD
+    if have == 0:
+        return 0, f"{ref}: the whole image (`docker save` as it streams: it has none of its {n} layers)"
+    if not containerd:
+        return have, f"{ref}: the {n - have} of {n} layers it lacks, config and manifest (a save-format tar)"
     lower = plan.diff_ids[ref][:have]
-    if len(spool.known_sizes(spool.SPOOL, lower)) == len(lower):
-        return have
-    plan.notes.setdefault(rank, []).append(
-        f"{ref}: containerd's image store, and this host has not seen its lower layers pass "
-        "(their tar sizes name them in its manifest): the whole image is sent")
-    return 0
+    if len(spool.known_sizes(spool.SPOOL, lower)) < len(lower):
+        return 0, (f"{ref}: the whole image: containerd's image store takes an image only with its "
+                   f"manifest, which names the tar size of the {have} layers it has, and this host has "
+                   "not seen them pass (an earlier ship here records them)")
+    return have, (f"{ref}: the {n - have} of {n} layers it lacks, config and manifest (an OCI layout: "
+                  "containerd's image store takes no save-format tar that lacks a layer)")
 
 
 def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimit: int = 0) -> None:
