@@ -25,7 +25,9 @@ Every method in the same run, over the same SSH connections (launcher.transport.
   (d) --relay: the bytes over this host's uplink for a new top stage, against once per rank
       without it (twice: over layers that came by plain ships, then over relayed ones).
 
-The registry and the spool live in temporary directories, so a first ship really is one. Every
+Each rank's line names its Docker image store (the sandbox's default fleet is mixed: spark4 on
+containerd's, the others on the classic overlay2). The registry and the spool live in temporary
+directories, so a first ship really is one. Every
 image it made is removed from this host and the ranks at the end. The host is shared: compare
 figures within one run.
 Run: .venv/bin/python scripts/bench_ship.py [--stage-mib 64] [--top-mib 8]
@@ -242,7 +244,8 @@ def show_ranks(plan, layer: int | None = None) -> None:
     for r in plan.ranks:
         rate = f"{r.bytes / MB / r.seconds:7.1f} MB/s" if r.seconds and r.bytes else " " * 12
         ratio = f"  {r.bytes / layer:.3f}× the layer" if layer else ""
-        print(f"    rank {r.rank}  {r.status:<10} {r.bytes / MB:8.2f} MB  {r.seconds:6.2f} s  {rate}{ratio}")
+        store = f"{r.store or '':<10}"  # the sandbox's default fleet is mixed: spark4 on containerd's image store
+        print(f"    rank {r.rank}  {store} {r.status:<10} {r.bytes / MB:8.2f} MB  {r.seconds:6.2f} s  {rate}{ratio}")
 
 
 def cli_noop(cfg: Path, ref: str) -> tuple[float, list[dict]]:

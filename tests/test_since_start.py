@@ -31,7 +31,7 @@ def test_each_fact_kind_is_said_as_the_case_says(case):
 def test_the_cases_cover_every_fact_kind():
     said = {c.fact for case in CASES for c in since_start.compare(
         *(RankStart.from_json(json.loads(case.read_text())[k]) for k in ("then", "now")))}
-    assert said == {"link", "mtu", "address", "gid index", "rdma", "driver", "image", "memory"}
+    assert said == {"link", "mtu", "address", "gid index", "rdma", "driver", "docker", "image", "memory"}
 
 
 def test_a_rank_whose_box_was_replaced_is_not_compared_and_the_block_names_when():

@@ -63,9 +63,9 @@ def _docker(add, then: RankStart, now: RankStart) -> None:
     /etc/docker/daemon.json) no longer shows any image loaded before, and back again."""
     if then.store and now.store and now.store != then.store:
         add("docker", now.store, now.store, then.store,
-            f"Docker {now.docker or '?'} keeps images in the {now.store} image store, was {then.store} "
-            f"(Docker {then.docker or '?'}): the images loaded before are hidden from it; "
-            "`sparkstack ship` sends them again")
+            f"Docker {now.docker or '?'} with the {now.store} image store (which hides the images loaded "
+            f"before: `sparkstack ship` sends them again), was Docker {then.docker or '?'} with the "
+            f"{then.store} store")
     elif then.docker and now.docker and now.docker != then.docker:
         add("docker", None, now.docker, then.docker, f"Docker {now.docker}, was {then.docker}")
 

@@ -168,17 +168,6 @@ class LocalRegistry:
                                 f"(HTTP {answer.status_code}); re-run `sparkstack ship`")
         return answer.json()
 
-    def manifest_bytes(self, ref: str) -> bytes:
-        """A pushed image's manifest as the registry serves it (its digest is the image's ID on a
-        rank with containerd's image store that pulls it)."""
-        parsed = ImageRef.parse(ref)
-        answer = httpx.get(f"http://127.0.0.1:{self.port}/v2/{parsed.path}/manifests/{parsed.tag or 'latest'}",
-                           headers={"Accept": MANIFEST_TYPES}, timeout=30)
-        if answer.status_code != 200:
-            raise RegistryError(f"the local registry has no manifest for {ref} "
-                                f"(HTTP {answer.status_code}); re-run `sparkstack ship`")
-        return answer.content
-
     def blob(self, repo: str, digest: str):
         """A blob's bytes as they come (chunks of up to 1 MiB)."""
         with httpx.stream("GET", f"http://127.0.0.1:{self.port}/v2/{repo}/blobs/{digest}", timeout=300) as answer:

@@ -146,10 +146,18 @@ def apply(plan: ShipPlan, group: Group, say=print, relay: "Route | None" = None,
     if not plan.needed:
         return plan
     todo = [r for r in plan.ranks if r.status == Status.PLANNED]
-    if relay is None:
-        _apply_loads(plan, group, todo, say, bwlimit)
-    else:
-        _apply_registry(plan, group, todo, say, relay)
+    # containerd's image store pulls from the relay's loopback registry over TLS, which it does not
+    # speak (measured on Docker 26.1: "tls: first record does not look like a TLS handshake"): such
+    # a rank gets the layers it lacks from this host instead
+    loads = [r for r in todo if relay is None or plan.stores.get(r.rank) == CONTAINERD]
+    pulls = [r for r in todo if r not in loads]
+    if relay is not None and loads:
+        say(f"relay: {', '.join(f'rank {r.rank}' for r in loads)} on containerd's image store, which pulls "
+            "from no plain-HTTP loopback registry: sent the layers it lacks from this host instead")
+    if loads:
+        _apply_loads(plan, group, loads, say, bwlimit)
+    if pulls:
+        _apply_registry(plan, group, pulls, say, relay)
     return plan
 
 
@@ -227,7 +235,7 @@ def _sendable(plan: ShipPlan, rank: int, ref: str, have: int) -> tuple[int, str]
     if not containerd:
         return have, f"{ref}: the {n - have} of {n} layers it lacks, config and manifest (a save-format tar)"
     lower = plan.diff_ids[ref][:have]
-    if len(spool.known_sizes(spool.SPOOL, lower)) < len(lower):
+    if not set(lower) <= set(spool.known_sizes(spool.SPOOL, lower)):
         return 0, (f"{ref}: the whole image: containerd's image store takes an image only with its "
                    f"manifest, which names the tar size of the {have} layers it has, and this host has "
                    "not seen them pass (an earlier ship here records them)")
@@ -414,21 +422,13 @@ def _apply_registry(plan: ShipPlan, group: Group, todo: list[RankShip], say, rel
     """The relay's way: this host's registry, rank 0's cache in front of it."""
     from .registry import LocalRegistry
 
-    from . import manifests, spool
-
     by_rank = {c.target.rank: c for c in group.connections}
     with LocalRegistry() as registry:
-        accepted = {}
         for ref in plan.needed:
             registry.push(ref)
-            # a rank on containerd's store names the pulled image by this manifest's digest
-            pushed = registry.manifest_bytes(registry.name(ref))
-            accepted[ref] = [plan.local_ids[ref]]
-            if manifests.config_of(pushed) == plan.local_ids[ref]:
-                accepted[ref].append(manifests.remember(pushed, spool.SPOOL))
 
         def ship_many(ranks: list[RankShip], cache) -> None:
-            _each_rank(ranks, by_rank, lambda conn, rank: _relay_rank(conn, rank, accepted, registry, cache), say)
+            _each_rank(ranks, by_rank, lambda conn, rank: _relay_rank(conn, rank, plan.local_ids, registry, cache), say)
 
         _apply_relayed(plan, by_rank, registry, relay, todo, ship_many, say)
 
@@ -493,17 +493,15 @@ def _apply_relayed(plan: ShipPlan, by_rank: dict, registry: "LocalRegistry", rou
         head_ship.bytes = counter.total  # every relayed blob crossed rank 0's SSH connection
 
 
-def _relay_rank(conn: Connection, rank: RankShip, accepted: dict[str, list[str]], registry: "LocalRegistry",
+def _relay_rank(conn: Connection, rank: RankShip, local_ids: dict[str, str], registry: "LocalRegistry",
                 cache) -> None:
-    """`accepted`: per ref, the image IDs that are the build host's image (its config's digest,
-    and the digest of its manifest in this host's registry: a containerd store's ID for it)."""
     from . import relay
 
     started = time.monotonic()
     try:
         for ref in rank.images:
             command, script = relay.pull_invocation(
-                cache, _pull_command(registry.name(ref, "{port}"), ref, accepted[ref]))
+                cache, _pull_command(registry.name(ref, "{port}"), ref, local_ids[ref]))
             result = conn.run(command, stdin=script, timeout=PULL_TIMEOUT_S)
             if not result.ok:
                 rank.status, rank.error = Status.FAILED, docker_hint(result.why(), conn.target.name)
@@ -513,7 +511,7 @@ def _relay_rank(conn: Connection, rank: RankShip, accepted: dict[str, list[str]]
         rank.seconds = round(time.monotonic() - started, 3)
 
 
-def _pull_command(source: str, ref: str, accepted: list[str]) -> str:
+def _pull_command(source: str, ref: str, image_id: str) -> str:
     """Pull through the forward, check the image ID, and only then give it its real tag.
 
     First, stop pulls of the same image left behind by an earlier ship whose connection died
@@ -521,15 +519,13 @@ def _pull_command(source: str, ref: str, accepted: list[str]) -> str:
     for over a minute, and a new pull of the same layer joins that download instead of starting
     afresh (measured: 75 s lost in the sshd-killed fault test). Stopping the old CLI cancels it."""
     s, r = shlex.quote(source), shlex.quote(ref)
-    image_id = accepted[0]
-    ids = "|".join(shlex.quote(i) for i in accepted)
     path = ImageRef.parse(source).tagged  # "127.0.0.1:<port>/<path>": any port, this image
     stale = shlex.quote("[d]ocker pull -q 127[.]0[.]0[.]1:[0-9]+/" + re.escape(path) + "$")
     return (f"pkill -f -- {stale} && sleep 0.5; "
             f"docker pull -q {s} >/dev/null && "
             f"id=$(docker image inspect --format '{{{{.Id}}}}' {s}) && "
-            f"case \"$id\" in {ids}) ;; *) docker rmi {s} >/dev/null; "
-            f"echo \"image ID $id differs from the build host's {image_id}\" >&2; exit 3;; esac && "
+            f"if [ \"$id\" != {shlex.quote(image_id)} ]; then docker rmi {s} >/dev/null; "
+            f"echo \"image ID $id differs from the build host's {image_id}\" >&2; exit 3; fi && "
             f"docker tag {s} {r} && docker rmi {s} >/dev/null; "
             f"rc=$?; [ $rc -eq 0 ] || docker rmi {s} >/dev/null 2>&1; exit $rc")
 

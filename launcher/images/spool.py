@@ -110,7 +110,7 @@ class Spooling:
         if self.config is None:
             return None
         sizes = known_sizes(self.root, self.diff_ids, self.sizes)
-        if len(sizes) < len(self.diff_ids):
+        if not set(self.diff_ids) <= set(sizes):
             return None
         return manifests.docker_manifest(self.config, [(d, sizes[d]) for d in self.diff_ids])
 
