@@ -69,6 +69,7 @@ FIRST_RUN = {
     "Restart earlyoom": "skipping",
 }
 OWN_DAEMON_JSON = {"labels": ["sparkstack-test=own-setting"]}
+OWN_SETTINGS: dict = {}  # what spark4's own daemon.json held before the role ran (the `ranks` fixture)
 HOST_VM = {k: Path(f"/proc/sys/vm/{k}").read_text().strip() for k in VM_KEYS}  # this host's, at import
 
 pytestmark = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(),
@@ -193,29 +194,33 @@ def task_statuses(output: str) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def ranks(sandbox):  # noqa: F811
-    """The sandbox's ranks, cleaned of the role's files, restored afterwards. spark4 gets a
-    daemon.json of its own first, as DGX OS has one (the nvidia runtime): the role must keep it."""
+    """The sandbox's ranks, cleaned of the role's files, restored afterwards. spark4 has a
+    daemon.json of its own (the sandbox's: containerd's image store on), as DGX OS has one (the
+    nvidia runtime), or gets one: the role must keep what it holds."""
     before = {}
     daemon = node_settings.DOCKER_DAEMON_JSON
     for name in sandbox.names:
         _clean(sandbox, name)
-        had_daemon_json = sandbox.run(name, f"test -e {daemon}")[0] == 0
-        before[name] = (_live_vm(sandbox, name), had_daemon_json)
+        code, own, _ = sandbox.run(name, f"sudo -n cat {daemon}")
+        before[name] = (_live_vm(sandbox, name), own if code == 0 else None)
         wanted = {k: str(node_settings.sysctls()[f"vm.{k}"]) for k in VM_KEYS}
         if before[name][0] == wanted:  # left over from an interrupted run: start from the kernel's
             _set_vm(sandbox, name, KERNEL_DEFAULTS)
-    if not before["spark4"][1]:
+    if before["spark4"][1] is None:
         _run(sandbox, "spark4", f"echo {shlex.quote(json.dumps(OWN_DAEMON_JSON))} | sudo -n tee {daemon}")
+    OWN_SETTINGS.update(json.loads(before["spark4"][1] or json.dumps(OWN_DAEMON_JSON)))
     for name in sandbox.names:
         _run(sandbox, name, f"echo {shlex.quote(TEST_SWAP_LINE)} | sudo -n tee -a /etc/fstab >/dev/null")
     _mark(sandbox, sandbox.names)
     yield sandbox.names
-    for name, (vm, had_daemon_json) in before.items():
+    for name, (vm, own) in before.items():
         try:
             _clean(sandbox, name)
             _set_vm(sandbox, name, vm)
-            if not had_daemon_json:
+            if own is None:
                 _run(sandbox, name, f"sudo -n rm -f {daemon}")
+            else:  # as it was, without the role's default-ulimits
+                _run(sandbox, name, f"printf %s {shlex.quote(own)} | sudo -n tee {daemon} >/dev/null")
         except Exception as e:  # noqa: BLE001  (a rank recreated meanwhile is clean already)
             print(f"\n{name}: not restored: {e}")
 
@@ -285,7 +290,7 @@ def test_files_on_the_ranks(sandbox, play, first_run, ranks, cluster_file):  # n
         daemon = json.loads(_run(sandbox, name, f"sudo -n cat {node_settings.DOCKER_DAEMON_JSON}"))
         assert daemon["default-ulimits"] == node_settings.docker_default_ulimits()
         if name == "spark4":
-            assert daemon["labels"] == OWN_DAEMON_JSON["labels"]  # merged into, not replaced
+            assert OWN_SETTINGS and {k: daemon[k] for k in OWN_SETTINGS} == OWN_SETTINGS  # merged into, not replaced
         fstab = _run(sandbox, name, "cat /etc/fstab").splitlines()
         assert f"{node_settings.SWAP_FSTAB_MARK} {TEST_SWAP_LINE}" in fstab and TEST_SWAP_LINE not in fstab
         assert [line for line in fstab if f" {model} " in line] == [node_settings.fstab_entry(cluster, i)]

@@ -101,11 +101,15 @@ def test_a_containerd_rank_gets_only_what_it_lacks_once_the_sizes_are_known(tmp_
     monkeypatch.setattr(spool, "SPOOL", tmp_path)
     plan = ship.ShipPlan({"x:1": IMAGE_ID}, diff_ids={"x:1": DIFF_IDS}, stores={3: ship.CONTAINERD, 0: "classic"})
     assert ship._sendable(plan, 0, "x:1", 2)[0] == 2
+    # sizes not known here: the rank still gets only what it lacks; this host reads the save first
     have, how = ship._sendable(plan, 3, "x:1", 2)
-    assert have == 0 and "the whole image" in how and "not seen them pass" in how
+    assert have == 2 and "not seen pass: `docker save` reads them here first" in how
+    assert plan.sizes_wanted == {"x:1"}
+    plan.sizes_wanted.clear()
     manifests.note_sizes({DIFF_IDS[0]: 3000, DIFF_IDS[1]: 70_000}, tmp_path)
     have, how = ship._sendable(plan, 3, "x:1", 2)
     assert have == 2 and how.startswith("x:1: the 2 of 4 layers it lacks") and "OCI layout" in how
+    assert how.endswith("lacks a layer)") and plan.sizes_wanted == set()
 
 
 def test_rank_layers_reads_the_store_line_then_the_chains():
@@ -164,3 +168,25 @@ def test_a_store_switched_since_the_last_good_start_is_said():
     upgraded = [c.line for c in since_start.compare(then, dataclasses.replace(then, docker="28.5.0"))]
     assert upgraded == ["rank 3 (spark4): Docker 28.5.0, was 26.1.5 at the last good start"]
     assert since_start.compare(RankStart(3, "spark4"), now) == []  # kept before stores were: no change
+    upgraded = [c.line for c in since_start.compare(then, dataclasses.replace(then, docker="28.5.0"))]
+    assert upgraded == ["rank 3 (spark4): Docker 28.5.0, was 26.1.5 at the last good start"]
+    assert since_start.compare(RankStart(3, "spark4"), now) == []  # kept before stores were: no change
+
+
+def test_the_sandbox_is_mixed_by_default_and_a_rank_keeps_its_store_as_ranks_come_and_go(monkeypatch):
+    from launcher.sandbox import cluster
+    from launcher.sandbox.errors import SandboxError
+
+    monkeypatch.delenv("SPARKSTACK_SANDBOX_STORES", raising=False)
+    assert cluster.stores(None, 4) == ["classic", "classic", "classic", "containerd"]
+    assert cluster.stores(None, 5) == ["classic", "classic", "classic", "containerd", "classic"]
+    assert cluster.stores(None, 8)[3::4] == ["containerd", "containerd"]
+    assert cluster.stores(None, 2) == ["classic", "containerd"]
+    assert cluster.stores("classic", 3) == ["classic"] * 3
+    assert cluster.stores("containerd,classic", 2) == ["containerd", "classic"]
+    monkeypatch.setenv("SPARKSTACK_SANDBOX_STORES", "containerd")
+    assert cluster.stores(None, 2) == ["containerd"] * 2
+    with pytest.raises(SandboxError, match="no sandbox Docker stores 'zfs'"):
+        cluster.stores("zfs", 4)
+    with pytest.raises(SandboxError, match="for 4 ranks"):
+        cluster.stores("classic,containerd", 4)

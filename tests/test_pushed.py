@@ -127,3 +127,12 @@ def test_an_index_pushed_by_a_newer_engine_leads_to_the_image_own_manifest():
             return manifests[reference]
 
     assert pushed._image_manifest(Registry(), "tag", "sha256:img") == image
+
+
+def test_a_containerd_rank_whose_layer_sizes_are_unknown_here_has_the_image_saved_here():
+    """Its manifest names every layer's tar size: only a save passes them all (not the spool's
+    copy of the change, not the registry's gzipped blobs)."""
+    got = source.choose("img", _layers(spooled=frozenset("c"), config_spooled=True,
+                                       registered=frozenset({"a", "b"})), 2, learn_sizes=True)
+    assert got.how == "save" and got.read_bytes == sum(_layers().sizes)
+    assert "needs every layer's tar size" in got.why and "only what they lack" in got.why

@@ -93,6 +93,9 @@ class ShipPlan:
     diff_ids: dict[str, list[str]] = field(default_factory=dict)
     sources: dict[str, "Source"] = field(default_factory=dict)
     stores: dict[int, str] = field(default_factory=dict)  # rank -> "containerd" or "classic" (plan_layers)
+    # refs whose layers' tar sizes a containerd rank's manifest needs and this host has not seen:
+    # read here by a whole save, once (the rank still gets only what it lacks)
+    sizes_wanted: set[str] = field(default_factory=set)
 
     @property
     def needed(self) -> list[str]:
@@ -201,7 +204,7 @@ def plan_layers(plan: ShipPlan, group: Group, engine: "LocalDocker | None" = Non
         in_spool, config = spool.spooled(image_id, ids)
         layers = source.Layers(ids, sizes or source.even_sizes(total, len(ids)), in_spool,
                                registered(ids, STORAGE) if registry else frozenset(), config, registry)
-        plan.sources[ref] = source.choose(ref, layers, min(haves))
+        plan.sources[ref] = source.choose(ref, layers, min(haves), learn_sizes=ref in plan.sizes_wanted)
     return plan
 
 
@@ -225,7 +228,8 @@ def rank_layers(stdout: str) -> tuple[str, list[list[str]]]:
 def _sendable(plan: ShipPlan, rank: int, ref: str, have: int) -> tuple[int, str]:
     """How many of the image's lowest layers need not be sent to this rank, and what it is sent.
     A rank on containerd's store gets a manifest naming every layer, so the tar sizes of the
-    layers it has must be known here (an earlier save passed them); else it gets the whole save."""
+    layers it has must be known here: an earlier save passed them, or this ship reads the whole
+    image here (`sizes_wanted`: a local read, not the network's bytes)."""
     from . import spool
 
     n = len(plan.diff_ids[ref])
@@ -235,12 +239,13 @@ def _sendable(plan: ShipPlan, rank: int, ref: str, have: int) -> tuple[int, str]
     if not containerd:
         return have, f"{ref}: the {n - have} of {n} layers it lacks, config and manifest (a save-format tar)"
     lower = plan.diff_ids[ref][:have]
+    learn = ""
     if not set(lower) <= set(spool.known_sizes(spool.SPOOL, lower)):
-        return 0, (f"{ref}: the whole image: containerd's image store takes an image only with its "
-                   f"manifest, which names the tar size of the {have} layers it has, and this host has "
-                   "not seen them pass (an earlier ship here records them)")
+        plan.sizes_wanted.add(ref)
+        learn = (f"; its manifest names the tar size of the {have} layers it has, which this host has not "
+                 "seen pass: `docker save` reads them here first")
     return have, (f"{ref}: the {n - have} of {n} layers it lacks, config and manifest (an OCI layout: "
-                  "containerd's image store takes no save-format tar that lacks a layer)")
+                  f"containerd's image store takes no save-format tar that lacks a layer){learn}")
 
 
 def _apply_loads(plan: ShipPlan, group: Group, todo: list[RankShip], say, bwlimit: int = 0) -> None:

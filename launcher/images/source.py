@@ -56,14 +56,20 @@ class Layers:
     registry: bool         # `docker-registry` is installed here
 
 
-def choose(ref: str, layers: Layers, min_have: int) -> Source:
-    """The cheapest way to read `ref` for ranks that hold at least its `min_have` lowest layers."""
+def choose(ref: str, layers: Layers, min_have: int, learn_sizes: bool = False) -> Source:
+    """The cheapest way to read `ref` for ranks that hold at least its `min_have` lowest layers.
+    `learn_sizes`: a rank on containerd's image store needs the tar size of every layer (its
+    manifest names them) and this host knows not all: only a save passes them all."""
     ids, sizes = layers.diff_ids, layers.sizes
     image = sum(sizes)
     needed = [i for i in range(min_have, len(ids))]
+    save_s = image / SAVE_BPS
+    if learn_sizes:
+        return Source(ref, "save", image, save_s, f"`docker save` of the whole image ({_mb(image)}) here: a rank "
+                      "on containerd's image store needs every layer's tar size, which this host has not seen "
+                      "(the ranks still get only what they lack)")
     if layers.config_spooled and all(ids[i] in layers.spooled for i in needed):
         return Source(ref, "spooled", 0, 0.0, "its layers are in this host's spool from an earlier ship")
-    save_s = image / SAVE_BPS
     if min_have == 0:
         return Source(ref, "save", image, save_s,
                       f"a rank lacks every layer: `docker save` streams the whole image ({_mb(image)})")

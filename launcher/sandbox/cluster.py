@@ -164,12 +164,14 @@ def n_ranks(value: int | None = None) -> int:
 
 def stores(value: str | None, n: int) -> list[str]:
     """Each rank's Docker image store at creation: the argument, else $SPARKSTACK_SANDBOX_STORES
-    (`classic`, `containerd`, `mixed`, or one per rank, comma-separated), else mixed: the last rank
-    on containerd's image store (Docker 29+ installs, some Spark OEM images), the others on the
-    classic overlay2, as fleets are. A rank switched by hand keeps its switch until it is re-made."""
+    (`classic`, `containerd`, `mixed`, or one per rank, comma-separated), else mixed: every fourth
+    rank (spark4, spark8, ...; the last one of a smaller sandbox) on containerd's image store (Docker
+    29+ installs, some Spark OEM images), the others on the classic overlay2, as fleets are; a rank
+    keeps its store as ranks are added or removed. A rank switched by hand keeps its switch until it
+    is re-made."""
     chosen = value or os.environ.get("SPARKSTACK_SANDBOX_STORES") or "mixed"
     if chosen == "mixed":
-        return ["classic"] * (n - 1) + ["containerd"]
+        return ["containerd" if i % 4 == 3 or (n < 4 and i == n - 1) else "classic" for i in range(n)]
     listed = [x.strip() for x in chosen.split(",")]
     if len(listed) == 1:
         listed *= n
@@ -559,22 +561,26 @@ def _load_into_rank(container, tag: str, image_id: str, tar: Path) -> str:
     has rebuilt would otherwise leave the rank serving the old one, which `check` then fails; on
     containerd's image store its ID is the manifest's that this tar gives, tar_store_id)."""
     there = container.exec_run(["docker", "image", "inspect", "--format", "{{.Id}}", tag])
-    if there.exit_code == 0 and there.output.decode().strip() in (image_id, tar_store_id(tar)):
+    if there.exit_code == 0 and there.output.decode().strip() in (image_id, remember_tar_manifest(tar)):
         return "present"
     res = container.exec_run(["docker", "load", "-q", "-i", f"/sandbox/images/{tar.name}"])
     if res.exit_code != 0:
         raise SandboxError(f"loading {tag} into {container.name} failed: "
                            f"{res.output.decode(errors='replace').strip()}",
                            f"check `docker exec {container.name} docker info`")
+    remember_tar_manifest(tar)
     return "loaded"
 
 
-def tar_store_id(tar: Path) -> str:
+def remember_tar_manifest(tar: Path) -> str:
     """The ID containerd's image store gives the image of this `docker save` tar (its manifest's
-    digest, launcher/images/manifests.py): from the tar's own manifest.json, config and sizes."""
+    digest, launcher/images/manifests.py), from the tar's own manifest.json, config and sizes; the
+    manifest is kept where the kit keeps those it made (a manifest's bytes name its config: a fact,
+    whoever wrote the file), so a containerd rank's stand-in reads as the build host's image, as
+    an image the kit shipped does."""
     import tarfile
 
-    from ..images import manifests
+    from ..images import manifests, spool
 
     with tarfile.open(tar) as t:
         listed = json.load(t.extractfile("manifest.json"))[0]
@@ -587,7 +593,8 @@ def tar_store_id(tar: Path) -> str:
                 member = members[os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))]
             sizes.append(member.size)
     diff_ids = json.loads(config)["rootfs"]["diff_ids"]
-    return manifests.digest_of(manifests.docker_manifest(config, list(zip(diff_ids, sizes))))
+    manifests.note_sizes(dict(zip(diff_ids, sizes)), spool.SPOOL)
+    return manifests.remember(manifests.docker_manifest(config, list(zip(diff_ids, sizes))), spool.SPOOL)
 
 
 def write_cluster_yaml(state_dir: Path, net, base_image: str, n: int, cabling: str = "ring") -> Path:
