@@ -27,23 +27,36 @@ def sparkstack(*args, stdin: str = "", timeout: float = 600) -> subprocess.Compl
     return res
 
 
-@pytest.fixture(scope="module")
-def bare(tmp_path_factory):
+@pytest.fixture(scope="session")
+def bare_sandbox():
+    """The bare sandbox's state dir, its ranks made once for the session (test_init.py and
+    test_init_restore.py both use them; `bare` puts them back for each module). The environment
+    names the bare sandbox only while a bare fixture is in use: the shared one's tests run between."""
     from launcher.sandbox import cluster
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SPARKSTACK_SANDBOX_BARE", "1")
-    state = cluster.state_dir_default().resolve()
-    result = cluster.up(progress=lambda m: None)
-    cluster.mend_cables(state)
-    try:
-        yield state, result
-    finally:
-        # only these tests use it: down even under SPARKSTACK_SANDBOX_KEEP (which keeps the shared
-        # sandbox), so no sparkstack-bare-* container outlives them; SPARKSTACK_SANDBOX_BARE_KEEP=1 keeps it
-        if os.environ.get("SPARKSTACK_SANDBOX_BARE_KEEP") != "1":
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKSTACK_SANDBOX_BARE", "1")
+        state = cluster.state_dir_default().resolve()
+    yield state
+    # only these tests use it: down even under SPARKSTACK_SANDBOX_KEEP (which keeps the shared
+    # sandbox), so no sparkstack-bare-* container outlives them; SPARKSTACK_SANDBOX_BARE_KEEP=1 keeps it
+    if os.environ.get("SPARKSTACK_SANDBOX_BARE_KEEP") != "1":
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SPARKSTACK_SANDBOX_BARE", "1")
             cluster.down(state, progress=lambda m: None)
-        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def bare(bare_sandbox):
+    """The bare sandbox as `sandbox up --bare` leaves it: made the first time, adopted and put back
+    (no key, no address, MTU 1500, every cable in) for each module after."""
+    from launcher.sandbox import cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKSTACK_SANDBOX_BARE", "1")
+        result = cluster.up(progress=lambda m: None)
+        cluster.mend_cables(bare_sandbox)
+        yield bare_sandbox, result
 
 
 def test_init_on_a_bare_ring_then_check_and_up(bare, tmp_path):

@@ -2,7 +2,7 @@
 netplan file absent, or the owner's own; each fabric port's MTU and addresses), a second init keeps
 the first journal's "before", and `restore` puts every rank back byte for byte: files, modes,
 owners, addresses, MTUs. Uses test_init.py's bare sandbox fixture (its own containers and subnet;
-down after the module); run under `flock /tmp/sparkstack-bare.lock`."""
+made once a session, put back for each module); run under `flock /tmp/sparkstack-bare.lock`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from test_init import bare, rank_sh, sparkstack  # noqa: F401  (the bare sandbox fixture and helpers)
+from test_init import bare, bare_sandbox, rank_sh, sparkstack  # noqa: F401  (the bare sandbox fixtures and helpers)
 
 # the bare sandbox (its own containers on the local Docker engine): `sandbox` (pyproject.toml)
 pytestmark = [pytest.mark.sandbox,
