@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def test_a_rank_s_manifest_digest_reads_as_the_config_it_names(tmp_path):
     forged.write_bytes(manifest)
     (tmp_path / "manifests" / "junk.json").write_text("not json")
     assert manifests.known(tmp_path) == known
+
+
+def test_only_the_newest_manifests_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifests, "KEEP_MANIFESTS", 3)
+    digests = [manifests.remember(manifests.docker_manifest(b"{%d}" % i, []), tmp_path) for i in range(5)]
+    for i, digest in enumerate(digests):  # mtimes apart, as ships are
+        path = tmp_path / "manifests" / (digest[7:] + ".json")
+        if path.exists():
+            os.utime(path, (1000 + i, 1000 + i))
+    manifests.remember(manifests.docker_manifest(b"{9}", []), tmp_path)
+    assert len(manifests.known(tmp_path)) == 3
 
 
 def test_layer_sizes_are_kept_and_merged(tmp_path):

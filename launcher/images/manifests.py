@@ -66,6 +66,7 @@ def content_id(store_id: str, known: dict[str, str]) -> str:
 
 _LOCK = threading.Lock()
 SIZES_FILE = "layer-sizes.json"
+KEEP_MANIFESTS = 256  # the newest kept; an older one's rank image reads as unknown, and ship resends its manifest (KB)
 
 
 def prepare_root(root: Path) -> None:
@@ -88,6 +89,9 @@ def remember(manifest: bytes, root: Path) -> str:
         return digest
     folder.mkdir(exist_ok=True)
     _write(path, manifest)
+    kept = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in kept[KEEP_MANIFESTS:]:
+        old.unlink(missing_ok=True)
     return digest
 
 
