@@ -235,7 +235,7 @@ def _sendable(plan: ShipPlan, rank: int, ref: str, have: int) -> tuple[int, str]
     n = len(plan.diff_ids[ref])
     containerd = plan.stores.get(rank) == CONTAINERD
     if have == 0:
-        return 0, f"{ref}: the whole image (`docker save` as it streams: it has none of its {n} layers)"
+        return 0, f"{ref}: the whole image (it has none of its {n} layers)"
     if not containerd:
         return have, f"{ref}: the {n - have} of {n} layers it lacks, config and manifest (a save-format tar)"
     lower = plan.diff_ids[ref][:have]
