@@ -452,7 +452,7 @@ def _spool(chunks, spooling: Spooling) -> None:
     spooling._note(config=config, done=True)
 
 
-SMALL = 4 << 20  # a save's metadata files (manifest.json, the config) are kept in memory to read
+SMALL = 1 << 20  # a save's metadata files (manifest.json, the config) are kept in memory to read
 
 
 def _passed(chunks, spooling: Spooling) -> None:
