@@ -2,8 +2,9 @@
 
 Both stores serve: the classic one (a graph driver, overlay2) and containerd's (Docker 29+'s
 default on a fresh install, some Spark OEM images), so a mixed fleet passes. `ship` sends a rank
-on containerd's store an OCI layout (launcher/images/spool.py `oci_tar`), which its `docker load`
-reads from Docker 25.0 on (docs.docker.com, "containerd image store": experimental until then).
+on containerd's store an OCI layout (launcher/images/spool.py `oci_tar`), measured to load on
+Docker 26.1; the store came as experimental in Docker 24.0 (moby's v24.0.0 release notes) and
+Docker 25.0 made the OCI layout `docker save`'s format: older than 25, the row warns.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ def _check_docker(inp: Case, r: int, f: Facts, rr: RankReport) -> None:
     else:
         store = _store(d)
         if d.containerd_store and _major(d.server_version) < CONTAINERD_LOAD_FROM:
-            rr.add("docker", Status.WARN, f"server {d.server_version}, {store}: this Docker's containerd "
-                   f"image store is experimental and its `docker load` takes no OCI layout, so `ship` "
-                   f"cannot send it only the layers it lacks", "upgrade Docker to 25.0 or later "
+            rr.add("docker", Status.WARN, f"server {d.server_version}, {store}: experimental in this "
+                   f"Docker (before 25.0), and `ship` sends such a rank an OCI layout of the layers it "
+                   f"lacks, measured to load from 26.1 on", "upgrade Docker to 25.0 or later "
                    "(DGX OS: apt install docker-ce), or turn the store off in /etc/docker/daemon.json")
         elif d.storage_driver == "vfs":
             rr.add("docker", Status.WARN, f"server {d.server_version}, {store}: vfs copies every layer in "
