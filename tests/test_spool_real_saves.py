@@ -4,7 +4,7 @@ sandbox ranks move to, issue 32). The synthetic saves of test_spool.py model bot
 engines' own bytes.
 
 Measured with these engines (not run here): the load tar `spool.load_tar` makes from either save
-loads into Docker 26.1 (overlay2) through ship's own `_load_command`, whole or over a rank that
+loads into Docker 26.1 (overlay2) through ship's load (`LOAD_COMMAND`, then `_tag_verified`), whole or over a rank that
 holds the lower layers, and gives this host's image ID."""
 
 import hashlib

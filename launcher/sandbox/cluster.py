@@ -559,7 +559,7 @@ def _image_tar(client, tag: str, image_id: str, images_dir: Path) -> Path:
 def _load_into_rank(container, tag: str, image_id: str, tar: Path) -> str:
     """The rank's engine gets the stand-in unless it has this very image (by ID: a tag this host
     has rebuilt would otherwise leave the rank serving the old one, which `check` then fails; on
-    containerd's image store its ID is the manifest's that this tar gives, tar_store_id)."""
+    containerd's image store its ID is the manifest's that this tar gives, remember_tar_manifest)."""
     there = container.exec_run(["docker", "image", "inspect", "--format", "{{.Id}}", tag])
     if there.exit_code == 0 and there.output.decode().strip() in (image_id, remember_tar_manifest(tar)):
         return "present"
